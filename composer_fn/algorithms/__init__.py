@@ -1,0 +1,7 @@
+"""Every algorithm record, registered in ``composer_fn.core.algorithm.REGISTRY``."""
+
+from composer_fn.algorithms.channels_last import ChannelsLast
+from composer_fn.algorithms.label_smoothing import LabelSmoothing
+from composer_fn.algorithms.mixup import MixUp
+
+__all__ = ["ChannelsLast", "LabelSmoothing", "MixUp"]

@@ -1,0 +1,66 @@
+"""Label smoothing: train against ``(1 - smoothing) * one_hot(y) + smoothing / C`` instead of ``one_hot(y)``.
+
+Runs at BEFORE_LOSS (traced) and restores the original targets at AFTER_LOSS, so whatever runs after the
+loss (metrics, other algorithms) sees the labels the loader gave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from composer_fn.algorithms._targets import ensure_targets_one_hot
+from composer_fn.core.algorithm import Algorithm, Hook, register
+from composer_fn.core.event import Event
+from composer_fn.core.state import State, StepCtx, batch_get, batch_set
+
+__all__ = ["LabelSmoothing", "smooth_labels"]
+
+
+def smooth_labels(logits: Tensor, target: Tensor, smoothing: float | Tensor = 0.1) -> Tensor:
+    """Returns the smoothed targets ``(1 - smoothing) * one_hot(target) + smoothing / C``.
+
+    ``C = logits.shape[1]``. ``target`` holds class indices (``[B, ...]``) or class probabilities shaped like
+    ``logits``; each output row sums to 1 when the input row does. ``smoothing = 0`` gives the one-hot targets.
+    """
+    if isinstance(smoothing, float | int) and not 0.0 <= smoothing <= 1.0:
+        raise ValueError(f"smoothing={smoothing!r} must lie in [0, 1]")
+    num_classes = logits.shape[1]
+    one_hot = ensure_targets_one_hot(target, num_classes)
+    return one_hot * (1.0 - smoothing) + smoothing / num_classes
+
+
+@register
+@dataclass(frozen=True)
+class LabelSmoothing(Algorithm):
+    """Smooths the targets before the loss (Composer's ``LabelSmoothing``).
+
+    Args:
+        smoothing: the probability mass spread uniformly over all classes, in [0, 1].
+        target_key: where the target sits in the batch (a position or a mapping key).
+    """
+
+    smoothing: float = 0.1
+    target_key: int | str = 1
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.smoothing <= 1.0:
+            raise ValueError(f"smoothing={self.smoothing!r} must lie in [0, 1]")
+
+    def traced_hooks(self) -> Mapping[Event, Hook]:
+        return {Event.BEFORE_LOSS: self._smooth, Event.AFTER_LOSS: self._restore}
+
+    def _smooth(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+        target = batch_get(ctx.batch, self.target_key)
+        smoothed = smooth_labels(ctx.outputs, target, self.smoothing)
+        return state, ctx.replace(
+            batch=batch_set(ctx.batch, self.target_key, smoothed),
+            scratch={**ctx.scratch, self.name: target},
+        )
+
+    def _restore(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+        scratch = dict(ctx.scratch)
+        original = scratch.pop(self.name)
+        return state, ctx.replace(batch=batch_set(ctx.batch, self.target_key, original), scratch=scratch)

@@ -1,0 +1,176 @@
+"""MixUp: train on convex combinations of pairs of examples and of their targets (Zhang et al., 2017).
+
+``x_mix = (1 - mixing) * x + mixing * x[indices]`` and ``y_mix = (1 - mixing) * y + mixing * y[indices]``,
+where ``indices`` is a random permutation of the batch and ``mixing = min(λ, 1 - λ)`` with λ ~ Beta(α, α),
+so the original example always carries the larger weight (Composer's convention; ``mixing = 0`` leaves the
+batch unchanged).
+
+λ is drawn on the host from the step's key with an exact Beta sampler (BATCH_START) and handed to the
+traced step as a 0-d tensor; the permutation is drawn inside the traced step from the same key, so the
+algorithm reproduces ``mixup_params(key, ...)`` bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from composer_fn.algorithms._targets import ensure_targets_one_hot
+from composer_fn.core import random as R
+from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
+from composer_fn.core.event import Event
+from composer_fn.core.state import BatchMeta, State, Static, StepCtx, batch_get, batch_set
+from composer_fn.core.time import Timestamp
+
+__all__ = ["MixUp", "MixUpParams", "mixup_params", "mixup_apply", "mixup_targets", "mixup_batch", "draw_mixing"]
+
+
+class MixUpParams(NamedTuple):
+    """The random draws of one MixUp: the weight of the permuted example and the permutation."""
+
+    mixing: Tensor
+    indices: Tensor
+
+
+def draw_mixing(key: R.HostKey, alpha: float) -> float:
+    """Returns ``min(λ, 1 - λ)`` with λ ~ Beta(α, α) drawn from the host key (0 when ``alpha == 0``)."""
+    if alpha < 0:
+        raise ValueError(f"alpha={alpha!r} must be non-negative")
+    if alpha == 0:
+        return 0.0
+    lam = float(R.host_rng(key).beta(alpha, alpha))
+    return min(lam, 1.0 - lam)
+
+
+def mixup_params(key: R.Key, batch_size: int, *, alpha: float = 0.2) -> MixUpParams:
+    """Returns the MixUp draws for a batch: mixing from the host mirror of ``key``, indices from ``key``."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be positive")
+    mixing = draw_mixing(R.to_host(key), alpha)
+    return MixUpParams(torch.tensor(mixing, dtype=torch.float32), R.permutation(key, batch_size))
+
+
+def _weight(mixing: Tensor | float, like: Tensor) -> Tensor | float:
+    if isinstance(mixing, Tensor):
+        return mixing.to(like.dtype)
+    return mixing
+
+
+def mixup_apply(input: Tensor, indices: Tensor, mixing: Tensor | float) -> Tensor:
+    """Returns ``(1 - mixing) * input + mixing * input[indices]`` (one pass, via ``torch.lerp``)."""
+    if not input.is_floating_point():
+        raise TypeError(f"input of dtype {input.dtype}: MixUp needs floating-point inputs")
+    return torch.lerp(input, input[indices], _weight(mixing, input))
+
+
+def mixup_targets(target: Tensor, indices: Tensor, mixing: Tensor | float, num_classes: int) -> Tensor:
+    """Returns ``(1 - mixing) * y + mixing * y[indices]`` with ``y`` the one-hot (or soft) targets."""
+    probabilities = ensure_targets_one_hot(target, num_classes)
+    return torch.lerp(probabilities, probabilities[indices], _weight(mixing, probabilities))
+
+
+def mixup_batch(
+    input: Tensor,
+    target: Tensor,
+    mixing: float | Tensor | None = None,
+    alpha: float = 0.2,
+    indices: Tensor | None = None,
+    *,
+    key: R.Key | None = None,
+    num_classes: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Returns ``(mixed inputs, mixed targets, mixing)`` for a batch: the whole of MixUp, not half of it.
+
+    Composer's ``mixup_batch`` returns the permuted targets and leaves mixing them to the caller; this one
+    returns the finished targets. Draws not given explicitly (``mixing``, ``indices``) come from ``key``.
+    Class-index targets need ``num_classes``; probability targets of shape ``[B, C, ...]`` do not.
+    """
+    batch_size = input.shape[0]
+    if (mixing is None or indices is None) and key is None:
+        raise ValueError("key is required unless both mixing= and indices= are given")
+    if key is not None:
+        drawn = mixup_params(key, batch_size, alpha=alpha)
+        mixing = drawn.mixing if mixing is None else mixing
+        indices = drawn.indices.to(input.device) if indices is None else indices
+    assert mixing is not None and indices is not None
+    mixing_t = torch.as_tensor(mixing, dtype=torch.float32)
+    if not 0.0 <= float(mixing_t) <= 1.0:
+        raise ValueError(f"mixing={float(mixing_t)!r} must lie in [0, 1]")
+    if indices.shape != (batch_size,):
+        raise ValueError(f"indices of shape {tuple(indices.shape)}: expected ({batch_size},), one per example")
+    if num_classes is None:
+        if not target.is_floating_point():
+            raise ValueError("num_classes is required when target holds class indices")
+        num_classes = target.shape[1]
+    mixing_t = mixing_t.to(input.device)
+    return mixup_apply(input, indices, mixing_t), mixup_targets(target, indices, mixing_t, num_classes), mixing_t
+
+
+@register
+@dataclass(frozen=True)
+class MixUp(Algorithm):
+    """Mixes pairs of examples and their targets (Composer's ``MixUp``).
+
+    Args:
+        alpha: the Beta(α, α) concentration; 0 disables mixing.
+        interpolate_loss: instead of mixing the targets, replace the loss by
+            ``(1 - mixing) * loss(y) + mixing * loss(y[indices])`` (equal for cross-entropy).
+        input_key: where the input sits in the batch.
+        target_key: where the target sits in the batch.
+    """
+
+    algorithm_name = "mixup"
+
+    alpha: float = 0.2
+    interpolate_loss: bool = False
+    input_key: int | str = 0
+    target_key: int | str = 1
+
+    def __post_init__(self) -> None:
+        if self.alpha < 0:
+            raise ValueError(f"alpha={self.alpha!r} must be non-negative")
+
+    def init(self, static: Static, state: State) -> Tensor:
+        return torch.zeros((), dtype=torch.float32, device=state.step.device)
+
+    def host_hooks(self) -> Mapping[Event, HostHook]:
+        return {Event.BATCH_START: self._draw_mixing}
+
+    def traced_hooks(self) -> Mapping[Event, Hook]:
+        late = Event.BEFORE_BACKWARD if self.interpolate_loss else Event.BEFORE_LOSS
+        return {
+            Event.BEFORE_FORWARD: self._mix_inputs,
+            late: self._mix_loss if self.interpolate_loss else self._mix_targets,
+        }
+
+    def _draw_mixing(
+        self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
+    ) -> tuple[Static, State]:
+        step_key = R.host_fold_in(R.host_key(static.seed), timestamp.batch)
+        mixing = draw_mixing(R.host_fold_in(step_key, R.name_to_int(self.name)), self.alpha)
+        value = torch.tensor(mixing, dtype=torch.float32).to(state.step.device, non_blocking=True)
+        return static, state.replace(algos={**state.algos, self.name: value})
+
+    def _mix_inputs(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+        input = batch_get(ctx.batch, self.input_key)
+        indices = R.permutation(R.fold_in(ctx.key, R.name_to_int(self.name)), input.shape[0])
+        mixed = mixup_apply(input, indices.to(input.device), state.algos[self.name])
+        return state, ctx.replace(
+            batch=batch_set(ctx.batch, self.input_key, mixed), scratch={**ctx.scratch, self.name: indices}
+        )
+
+    def _mix_targets(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+        target = batch_get(ctx.batch, self.target_key)
+        mixed = mixup_targets(target, ctx.scratch[self.name], state.algos[self.name], ctx.outputs.shape[1])
+        return state, ctx.replace(batch=batch_set(ctx.batch, self.target_key, mixed))
+
+    def _mix_loss(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+        target = batch_get(ctx.batch, self.target_key)
+        permuted = batch_set(ctx.batch, self.target_key, target[ctx.scratch[self.name]])
+        assert ctx.loss is not None
+        loss = torch.lerp(ctx.loss, ctx.loss_fn(ctx.outputs, permuted), state.algos[self.name].to(ctx.loss.dtype))
+        return state, ctx.replace(loss=loss)

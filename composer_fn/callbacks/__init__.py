@@ -1,0 +1,5 @@
+"""Observers of training: they receive a read-only view of the run at each event and change nothing."""
+
+from composer_fn.callbacks.base import Callback, RunView
+
+__all__ = ["Callback", "RunView"]

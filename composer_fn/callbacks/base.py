@@ -1,0 +1,47 @@
+"""The callback contract: one optional method per event name, called with a read-only ``RunView``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from composer_fn.core.event import Event
+from composer_fn.core.state import State, Static
+from composer_fn.core.time import Timestamp
+
+__all__ = ["Callback", "RunView", "bind_callbacks"]
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What a callback sees at an event: the current records and the latest logged metrics."""
+
+    event: Event
+    static: Static
+    state: State
+    timestamp: Timestamp
+    max_steps: int
+    metrics: Mapping[str, float]
+
+
+class Callback:
+    """Base class of observers: define a method named after an event's value (``batch_end``, ``fit_end``, ...).
+
+    A callback may log, print or write files; it may not change training. Anything that changes the run is
+    an algorithm.
+    """
+
+    def close(self) -> None:
+        """Releases whatever the callback holds (files, bars); called once when training ends."""
+
+
+def bind_callbacks(callbacks: tuple[Callback, ...]) -> Mapping[Event, tuple[Callable[[RunView], Any], ...]]:
+    """Returns, for every event, the callback methods that handle it (resolved once, not per event)."""
+    bound: dict[Event, tuple[Callable[[RunView], Any], ...]] = {}
+    for event in Event:
+        handlers = tuple(getattr(c, event.value) for c in callbacks if callable(getattr(c, event.value, None)))
+        if handlers:
+            bound[event] = handlers
+    return MappingProxyType(bound)

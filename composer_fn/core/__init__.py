@@ -1,0 +1,1 @@
+"""Pure records and functions: time, events, keys, state, the algorithm contract, passes and the engine."""

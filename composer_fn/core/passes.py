@@ -1,0 +1,72 @@
+"""Passes: pure functions that order the algorithms matched at an event, and checks that diagnose them.
+
+A pass is ``(algorithms, event) -> algorithms``. The default passes reproduce Composer's order: algorithms
+placed ``"first"`` (selective backprop) go first, those placed ``"last"`` (low-precision LayerNorm) go last,
+and on ``AFTER_*`` events the order is reversed (FILO), so an algorithm that changed something at a
+``BEFORE_*`` event undoes it after the ones that ran inside it.
+
+A check is ``(algorithms, event) -> messages``; the engine stores what checks say in the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from composer_fn.core.algorithm import Algorithm
+from composer_fn.core.event import Event
+
+__all__ = [
+    "Pass",
+    "Check",
+    "sort_to_front",
+    "sort_to_back",
+    "sort_placement_first",
+    "sort_placement_last",
+    "set_filo_order",
+    "check_multiple_loss_interpolation",
+    "DEFAULT_PASSES",
+    "DEFAULT_CHECKS",
+]
+
+Pass = Callable[[Sequence[Algorithm], Event], Sequence[Algorithm]]
+Check = Callable[[Sequence[Algorithm], Event], tuple[str, ...]]
+
+
+def sort_to_front(algorithms: Sequence[Algorithm], predicate: Callable[[Algorithm], bool]) -> list[Algorithm]:
+    """Returns the algorithms with those satisfying ``predicate`` first, each group in its original order."""
+    return [a for a in algorithms if predicate(a)] + [a for a in algorithms if not predicate(a)]
+
+
+def sort_to_back(algorithms: Sequence[Algorithm], predicate: Callable[[Algorithm], bool]) -> list[Algorithm]:
+    """Returns the algorithms with those satisfying ``predicate`` last, each group in its original order."""
+    return [a for a in algorithms if not predicate(a)] + [a for a in algorithms if predicate(a)]
+
+
+def sort_placement_first(algorithms: Sequence[Algorithm], event: Event) -> Sequence[Algorithm]:
+    """Returns the algorithms with those placed ``"first"`` moved to the front."""
+    return sort_to_front(algorithms, lambda a: a.placement == "first")
+
+
+def sort_placement_last(algorithms: Sequence[Algorithm], event: Event) -> Sequence[Algorithm]:
+    """Returns the algorithms with those placed ``"last"`` moved to the back."""
+    return sort_to_back(algorithms, lambda a: a.placement == "last")
+
+
+def set_filo_order(algorithms: Sequence[Algorithm], event: Event) -> Sequence[Algorithm]:
+    """Returns the algorithms reversed on ``AFTER_*`` events (stack order), unchanged otherwise."""
+    return tuple(reversed(algorithms)) if event.name.startswith("AFTER_") else algorithms
+
+
+def check_multiple_loss_interpolation(algorithms: Sequence[Algorithm], event: Event) -> tuple[str, ...]:
+    """Returns a diagnostic when more than one algorithm interpolates the loss at ``event``."""
+    interpolating = [a.name for a in algorithms if a.interpolates_loss]
+    if len(interpolating) > 1:
+        return (
+            f"{event.name}: {', '.join(interpolating)} each interpolate the loss; the second interpolates "
+            "an already interpolated loss, which is rarely intended",
+        )
+    return ()
+
+
+DEFAULT_PASSES: tuple[Pass, ...] = (sort_placement_first, sort_placement_last, set_filo_order)
+DEFAULT_CHECKS: tuple[Check, ...] = (check_multiple_loss_interpolation,)

@@ -1,0 +1,248 @@
+"""Explicit, splittable random keys and the samplers that consume them.
+
+A key is an ``int64`` tensor whose last dimension holds two 32-bit words ``(seed, stream)``. Every sampler is
+written in plain torch integer arithmetic, so the same key gives the same bits eagerly, under
+``torch.compile``, and on any device. The host mirror (``host_*``) runs the same mixing function on Python
+ints: ``host_fold_in(host_key(s), n)`` and ``fold_in(key(s), n)`` hold the same two words.
+
+No function here reads or advances torch's, NumPy's or Python's global random state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = [
+    "Key",
+    "HostKey",
+    "key",
+    "fold_in",
+    "split",
+    "bits",
+    "uniform",
+    "normal",
+    "bernoulli",
+    "randint",
+    "permutation",
+    "host_key",
+    "host_fold_in",
+    "host_split",
+    "host_rng",
+    "to_host",
+    "from_host",
+    "name_to_int",
+]
+
+Key = Tensor
+"""An ``int64`` tensor of shape ``[..., 2]``: one or more ``(seed, stream)`` word pairs."""
+
+HostKey = tuple[int, int]
+"""The host mirror of a single key."""
+
+_MASK = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B9
+_M1 = 0x7FEB352D
+_M2 = 0x846CA68B
+_MANTISSA_BITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24}
+
+
+# The multiplications are split into 16-bit halves so that no intermediate exceeds 2**49: signed int64
+# overflow is undefined behaviour in the C++ that inductor emits, and this keeps every backend exact.
+def _mul32(x: Tensor, c: int) -> Tensor:
+    lo = x & 0xFFFF
+    hi = x >> 16
+    return (lo * c + ((hi * (c & 0xFFFF)) << 16)) & _MASK
+
+
+def _mix32(x: Tensor) -> Tensor:
+    x = x ^ (x >> 16)
+    x = _mul32(x, _M1)
+    x = x ^ (x >> 15)
+    x = _mul32(x, _M2)
+    return x ^ (x >> 16)
+
+
+def _host_mix32(x: int) -> int:
+    x &= _MASK
+    x ^= x >> 16
+    x = (x * _M1) & _MASK
+    x ^= x >> 15
+    x = (x * _M2) & _MASK
+    return x ^ (x >> 16)
+
+
+def _check_seed(seed: int) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed={seed!r} must be an int in [0, 2**64)")
+    return seed
+
+
+def key(seed: int, *, device: torch.device | str | None = None) -> Key:
+    """Returns the root key of shape ``[2]`` for ``seed``, an int in ``[0, 2**64)``."""
+    return torch.tensor(host_key(seed), dtype=torch.int64, device=device)
+
+
+def host_key(seed: int) -> HostKey:
+    """Returns the host mirror of ``key(seed)``."""
+    _check_seed(seed)
+    return (_host_mix32(seed & _MASK ^ _GOLDEN), _host_mix32((seed >> 32) + _M1))
+
+
+def to_host(k: Key) -> HostKey:
+    """Returns the host mirror of a single device key (reads the tensor: not for traced code)."""
+    if k.shape != (2,) or k.dtype != torch.int64:
+        raise ValueError(f"key of shape {tuple(k.shape)} and dtype {k.dtype}: expected one int64 key of shape [2]")
+    word0, word1 = k.tolist()
+    return (int(word0), int(word1))
+
+
+def from_host(k: HostKey, *, device: torch.device | str | None = None) -> Key:
+    """Returns the device key whose words are the host key ``k``."""
+    return torch.tensor(k, dtype=torch.int64, device=device)
+
+
+def _fold(word0: Tensor, word1: Tensor, data: Tensor) -> tuple[Tensor, Tensor]:
+    new0 = _mix32(word0 ^ _mix32((data + _GOLDEN) & _MASK))
+    new1 = _mix32((word1 + _mix32(data ^ new0)) & _MASK)
+    return new0, new1
+
+
+def fold_in(k: Key, data: int | Tensor) -> Key:
+    """Returns a new key derived from ``k`` and the integer ``data`` (a Python int or an int tensor).
+
+    ``data`` is taken modulo ``2**32``. Batched keys and batched data broadcast against each other.
+    """
+    if isinstance(data, int):
+        data_t = torch.tensor(data & _MASK, dtype=torch.int64, device=k.device)
+    else:
+        data_t = data.to(torch.int64) & _MASK
+    new0, new1 = _fold(k[..., 0], k[..., 1], data_t)
+    return torch.stack((new0, new1), dim=-1)
+
+
+def host_fold_in(k: HostKey, data: int) -> HostKey:
+    """Returns the host mirror of ``fold_in(from_host(k), data)``."""
+    word0, word1 = k
+    data &= _MASK
+    new0 = _host_mix32(word0 ^ _host_mix32((data + _GOLDEN) & _MASK))
+    new1 = _host_mix32((word1 + _host_mix32(data ^ new0)) & _MASK)
+    return (new0, new1)
+
+
+def split(k: Key, n: int = 2) -> Key:
+    """Returns ``n`` independent keys of shape ``[n, ..., 2]`` derived from ``k``."""
+    if n < 1:
+        raise ValueError(f"n={n!r} must be a positive number of keys")
+    counters = torch.arange(n, dtype=torch.int64, device=k.device).reshape((n,) + (1,) * (k.dim() - 1))
+    return fold_in(k.unsqueeze(0), counters)
+
+
+def host_split(k: HostKey, n: int = 2) -> list[HostKey]:
+    """Returns the host mirror of ``split(from_host(k), n)``."""
+    if n < 1:
+        raise ValueError(f"n={n!r} must be a positive number of keys")
+    return [host_fold_in(k, i) for i in range(n)]
+
+
+def _shape(shape: Sequence[int] | int) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    if any((not isinstance(d, int)) or d < 0 for d in dims):
+        raise ValueError(f"shape={shape!r} must hold non-negative ints")
+    return dims
+
+
+def bits(k: Key, shape: Sequence[int] | int) -> Tensor:
+    """Returns uniformly distributed 32-bit words (``int64`` values in ``[0, 2**32)``).
+
+    The result has shape ``k.shape[:-1] + shape``: a batch of keys gives one independent draw of ``shape``
+    per key.
+    """
+    dims = _shape(shape)
+    count = math.prod(dims)
+    counter = torch.arange(count, dtype=torch.int64, device=k.device).reshape(dims)
+    batch = k.shape[:-1] + (1,) * len(dims)
+    word0, word1 = k[..., 0].reshape(batch), k[..., 1].reshape(batch)
+    x = _mix32((counter * _GOLDEN + word1) & _MASK)
+    x = _mix32(x ^ word0)
+    x = _mix32((x + word1) & _MASK)
+    return x
+
+
+def uniform(
+    k: Key,
+    shape: Sequence[int] | int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    low: float | Tensor = 0.0,
+    high: float | Tensor = 1.0,
+) -> Tensor:
+    """Returns samples from ``Uniform[low, high)`` of ``shape`` and ``dtype``.
+
+    Each value is a multiple of ``2**-p`` in ``[0, 1)`` with ``p`` the dtype's mantissa precision, so it is
+    exact in that dtype and never rounds up to ``high`` when ``low == 0, high == 1``.
+    """
+    if dtype == torch.float64:
+        dims = _shape(shape)
+        pair = bits(k, dims + (2,))
+        hi, lo = pair[..., 0] >> 6, pair[..., 1] >> 5
+        unit = (hi.to(torch.float64) * 2.0**27 + lo.to(torch.float64)) * 2.0**-53
+    elif dtype in _MANTISSA_BITS:
+        precision = _MANTISSA_BITS[dtype]
+        unit = ((bits(k, shape) >> (32 - precision)).to(torch.float32) * 2.0**-precision).to(dtype)
+    else:
+        raise ValueError(f"dtype={dtype} must be a floating dtype: float16, bfloat16, float32 or float64")
+    if isinstance(low, float) and isinstance(high, float) and low == 0.0 and high == 1.0:
+        return unit
+    return unit * (high - low) + low
+
+
+def normal(k: Key, shape: Sequence[int] | int, *, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Returns standard normal samples of ``shape`` (Box-Muller in float32, cast to ``dtype``)."""
+    dims = _shape(shape)
+    pair = uniform(k, dims + (2,), dtype=torch.float32)
+    radius = torch.sqrt(-2.0 * torch.log1p(-pair[..., 0]))
+    return (radius * torch.cos((2.0 * math.pi) * pair[..., 1])).to(dtype)
+
+
+def bernoulli(k: Key, p: float | Tensor, shape: Sequence[int] | int) -> Tensor:
+    """Returns a bool tensor of ``shape`` whose entries are True with probability ``p``."""
+    if isinstance(p, float | int) and not 0.0 <= p <= 1.0:
+        raise ValueError(f"p={p!r} must be a probability in [0, 1]")
+    return uniform(k, shape) < p
+
+
+def randint(k: Key, low: int, high: int, shape: Sequence[int] | int) -> Tensor:
+    """Returns ``int64`` samples uniform over ``[low, high)`` of ``shape`` (``high - low <= 2**24``)."""
+    span = high - low
+    if not 0 < span <= 2**24:
+        raise ValueError(f"low={low!r}, high={high!r}: expected low < high with high - low <= 2**24")
+    return ((bits(k, shape) * span) >> 32) + low
+
+
+def permutation(k: Key, n: int) -> Tensor:
+    """Returns a uniformly random permutation of ``range(n)`` as ``int64``; ties break by index.
+
+    A batch of keys ``[..., 2]`` gives one permutation per key, of shape ``[..., n]``.
+    """
+    if n < 0:
+        raise ValueError(f"n={n!r} must be a non-negative length")
+    return torch.argsort(bits(k, (n,)), dim=-1, stable=True)
+
+
+def host_rng(k: HostKey) -> np.random.Generator:
+    """Returns a NumPy Philox generator seeded by the host key, for host-side draws (Beta, Gamma, ...)."""
+    word0, word1 = k
+    return np.random.Generator(np.random.Philox(key=[word0 << 32 | word1, 0]))
+
+
+def name_to_int(name: str) -> int:
+    """Returns a stable 32-bit integer for ``name``, to fold a name into a key."""
+    value = 0x811C9DC5
+    for byte in name.encode():
+        value = ((value ^ byte) * 0x01000193) & _MASK
+    return value

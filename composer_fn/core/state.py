@@ -1,0 +1,273 @@
+"""The immutable records that flow through training: ``State``, ``StepCtx``, ``Static`` and ``BatchMeta``.
+
+``State`` and ``StepCtx`` are pytrees (``torch.utils._pytree``), so they cross the ``torch.compile`` boundary
+and can be flattened for checkpoints. ``Static`` is hashable and never traced. None of them changes after
+construction: ``replace`` returns a new record, and the dictionaries they hold are never written to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import torch
+import torch.utils._pytree as pytree
+from torch import Tensor, nn
+
+__all__ = [
+    "State",
+    "StepCtx",
+    "Static",
+    "BatchMeta",
+    "Precision",
+    "LossFn",
+    "batch_get",
+    "batch_set",
+    "tree_map",
+]
+
+Precision = Literal["fp32", "bf16-mixed"]
+LossFn = Callable[[Any, Any], Tensor]
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16-mixed")
+
+_R = TypeVar("_R", bound="_Record")
+
+
+class _Record:
+    """Frozen-record behaviour shared by State and StepCtx: a ``replace`` that costs well under a microsecond."""
+
+    _fields: frozenset[str] = frozenset()
+
+    def replace(self: _R, **changes: Any) -> _R:
+        """Returns a copy of the record with the given fields changed; the record itself is unchanged."""
+        unknown = changes.keys() - self._fields
+        if unknown:
+            raise TypeError(
+                f"{type(self).__name__}.replace got unknown field(s) {sorted(unknown)}; "
+                f"fields are {sorted(self._fields)}"
+            )
+        new = object.__new__(type(self))
+        values = self.__dict__.copy()
+        values.update(changes)
+        object.__setattr__(new, "__dict__", values)
+        return new
+
+
+@dataclass(frozen=True, eq=False)
+class State(_Record):
+    """Everything training carries from one step to the next, as tensors.
+
+    Attributes:
+        params: trainable parameters by qualified name.
+        buffers: non-trainable module buffers (BatchNorm statistics) by qualified name; a step returns new
+            ones, it never writes into these.
+        opt: optimizer state, a pytree of NamedTuples.
+        algos: per-algorithm state keyed by the algorithm's name.
+        hparams: 0-d tensors (a changing value does not recompile the step).
+        step: 0-d int64 tensor, the number of optimizer steps taken.
+        key: the root random key (int64 ``[2]``); a step's key is ``fold_in(key, step)``.
+    """
+
+    params: Mapping[str, Tensor]
+    buffers: Mapping[str, Tensor]
+    opt: Any
+    algos: Mapping[str, Any]
+    hparams: Mapping[str, Tensor]
+    step: Tensor
+    key: Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class StepCtx(_Record):
+    """What one step passes between its traced events (Composer's ``state.batch/outputs/loss``, as data).
+
+    Attributes:
+        batch: the batch as the loader gave it (tuple, list or dict of tensors), as changed by the hooks so far.
+        key: this step's random key; an algorithm derives its own with ``fold_in(key, name_to_int(name))``.
+        loss_fn: ``loss_fn(outputs, batch) -> loss``; hooks may call it (loss interpolation).
+        outputs: the model's outputs, from AFTER_FORWARD on.
+        loss: the scalar loss, from AFTER_LOSS on.
+        per_sample_loss: per-sample losses, when an algorithm asked for them.
+        grads: gradients by parameter name, from AFTER_BACKWARD on.
+        scratch: per-algorithm values that live for this step only (e.g. a permutation drawn at BEFORE_FORWARD
+            and used at BEFORE_LOSS), keyed by algorithm name.
+    """
+
+    batch: Any
+    key: Tensor
+    loss_fn: LossFn
+    outputs: Any = None
+    loss: Tensor | None = None
+    per_sample_loss: Tensor | None = None
+    grads: Mapping[str, Tensor] | None = None
+    scratch: Mapping[str, Any] = field(default_factory=dict)
+
+
+State._fields = frozenset(f.name for f in dataclasses.fields(State))
+StepCtx._fields = frozenset(f.name for f in dataclasses.fields(StepCtx))
+_STATE_FIELDS = tuple(f.name for f in dataclasses.fields(State))
+_CTX_FIELDS = tuple(f.name for f in dataclasses.fields(StepCtx) if f.name != "loss_fn")
+
+
+# None is never a leaf: None fields and None entries of the per-algorithm mappings go into the flatten
+# context. torch.func's auxiliary outputs accept tensor leaves only, and an algorithm without state has None.
+_MAPPING_FIELDS = frozenset({"algos", "scratch"})
+
+
+def _split_nones(record: _Record, names: tuple[str, ...]) -> tuple[list[Any], Hashable]:
+    values: list[Any] = []
+    layout: list[Any] = []
+    for name in names:
+        value = record.__dict__[name]
+        if value is None:
+            layout.append((name, None))
+        elif name in _MAPPING_FIELDS and any(v is None for v in value.values()):
+            keys = tuple(value)
+            absent = tuple(k for k in keys if value[k] is None)
+            values.append({k: v for k, v in value.items() if v is not None})
+            layout.append((name, (keys, absent)))
+        else:
+            values.append(value)
+            layout.append((name, ()))
+    return values, tuple(layout)
+
+
+def _join_nones(values: Any, layout: Hashable) -> dict[str, Any]:
+    remaining = iter(values)
+    fields: dict[str, Any] = {}
+    for name, shape in layout:  # type: ignore[attr-defined]
+        if shape is None:
+            fields[name] = None
+        elif shape:
+            keys, absent = shape
+            present = next(remaining)
+            fields[name] = {k: None if k in absent else present[k] for k in keys}
+        else:
+            fields[name] = next(remaining)
+    return fields
+
+
+def _flatten_state(state: State) -> tuple[list[Any], Hashable]:
+    return _split_nones(state, _STATE_FIELDS)
+
+
+def _unflatten_state(values: Any, layout: Hashable) -> State:
+    new = object.__new__(State)
+    object.__setattr__(new, "__dict__", _join_nones(values, layout))
+    return new
+
+
+def _flatten_ctx(ctx: StepCtx) -> tuple[list[Any], tuple[LossFn, Hashable]]:
+    values, layout = _split_nones(ctx, _CTX_FIELDS)
+    return values, (ctx.loss_fn, layout)
+
+
+def _unflatten_ctx(values: Any, context: tuple[LossFn, Hashable]) -> StepCtx:
+    loss_fn, layout = context
+    fields = _join_nones(values, layout)
+    fields["loss_fn"] = loss_fn
+    new = object.__new__(StepCtx)
+    object.__setattr__(new, "__dict__", fields)
+    return new
+
+
+def _state_with_keys(state: State) -> tuple[list[tuple[Any, Any]], Hashable]:
+    values, layout = _split_nones(state, _STATE_FIELDS)
+    names = [name for name, shape in layout if shape is not None]  # type: ignore[attr-defined]
+    return [(pytree.GetAttrKey(n), v) for n, v in zip(names, values, strict=True)], layout
+
+
+def _ctx_with_keys(ctx: StepCtx) -> tuple[list[tuple[Any, Any]], tuple[LossFn, Hashable]]:
+    values, layout = _split_nones(ctx, _CTX_FIELDS)
+    names = [name for name, shape in layout if shape is not None]  # type: ignore[attr-defined]
+    return [(pytree.GetAttrKey(n), v) for n, v in zip(names, values, strict=True)], (ctx.loss_fn, layout)
+
+
+pytree.register_pytree_node(
+    State,
+    _flatten_state,
+    _unflatten_state,
+    serialized_type_name="composer_fn.State",
+    flatten_with_keys_fn=_state_with_keys,
+)
+pytree.register_pytree_node(
+    StepCtx,
+    _flatten_ctx,
+    _unflatten_ctx,
+    serialized_type_name="composer_fn.StepCtx",
+    flatten_with_keys_fn=_ctx_with_keys,
+)
+
+
+@dataclass(frozen=True)
+class Static:
+    """The hashable, never-traced part of training: structure and settings, not values.
+
+    ``module`` is used only as structure (through ``torch.func.functional_call``); its own tensors are not
+    read by the step. Model surgery returns a new ``Static`` (and new params); it never edits a module in
+    place.
+    """
+
+    module: nn.Module = field(compare=False)
+    precision: Precision = "fp32"
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r} must be one of {', '.join(PRECISIONS)}")
+
+    def __hash__(self) -> int:
+        return hash((id(self.module), self.precision, str(self.device), self.seed))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Static)
+            and self.module is other.module
+            and (self.precision, str(self.device), self.seed) == (other.precision, str(other.device), other.seed)
+        )
+
+    def replace(self, **changes: Any) -> Static:
+        """Returns a copy with the given fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """What the host knows about the coming batch without reading device memory."""
+
+    batch_size: int
+    shapes: tuple[tuple[int, ...], ...] = ()
+
+
+def batch_get(batch: Any, key: int | str) -> Any:
+    """Returns the item of a tuple/list batch at an index, or of a mapping batch at a key."""
+    try:
+        return batch[key]
+    except (IndexError, KeyError, TypeError) as error:
+        raise KeyError(
+            f"batch has no item {key!r}: a batch is a tuple/list indexed by position or a mapping by key, "
+            f"got {type(batch).__name__}"
+        ) from error
+
+
+def batch_set(batch: Any, key: int | str, value: Any) -> Any:
+    """Returns a new batch equal to ``batch`` with the item at ``key`` replaced; ``batch`` is unchanged."""
+    if isinstance(batch, Mapping):
+        if key not in batch:
+            raise KeyError(f"batch has no key {key!r}; keys are {list(batch)}")
+        return {**batch, key: value}
+    if isinstance(batch, tuple | list):
+        if not isinstance(key, int) or not -len(batch) <= key < len(batch):
+            raise KeyError(f"batch has no position {key!r}; it holds {len(batch)} items")
+        items = list(batch)
+        items[key] = value
+        return type(batch)(items) if isinstance(batch, list) else tuple(items)
+    raise TypeError(f"batch of type {type(batch).__name__} cannot be updated: expected a tuple, list or mapping")
+
+
+def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """Returns the pytree with ``fn`` applied to every leaf."""
+    return pytree.tree_map(fn, tree)

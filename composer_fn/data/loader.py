@@ -1,0 +1,128 @@
+"""An in-memory loader over equal-length tensors, with keyed shuffling and mid-epoch resumption."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from composer_fn.core.random import fold_in, key, permutation
+
+__all__ = ["TensorLoader"]
+
+
+class TensorLoader:
+    """Batches of rows from tensors held in memory, in an order that is a pure function of seed and epoch.
+
+    The order of epoch ``e`` is ``permutation(fold_in(key(seed), e), n)`` when ``shuffle`` is true and
+    ``arange(n)`` otherwise, so any epoch, and any batch within it, can be replayed without replaying the
+    ones before it. Like ``DistributedSampler``, the loader does not advance its epoch on its own: call
+    ``set_epoch`` before iterating each epoch. Batches are copies (``index_select``), never views, so a
+    consumer that edits a batch in place cannot change the data.
+    """
+
+    def __init__(
+        self,
+        tensors: tuple[Tensor, ...],
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        seed: int = 0,
+    ) -> None:
+        if not isinstance(tensors, tuple) or not tensors or not all(isinstance(t, Tensor) for t in tensors):
+            raise TypeError(
+                f"tensors={_describe(tensors)} must be a non-empty tuple of tensors, e.g. (images, labels)"
+            )
+        lengths = [t.shape[0] if t.dim() > 0 else None for t in tensors]
+        size = lengths[0]
+        if size is None or size < 1 or any(length != size for length in lengths):
+            raise ValueError(
+                f"tensors have lengths {lengths} along dim 0: expected tensors of at least one dimension "
+                "sharing one length >= 1"
+            )
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} must be an int >= 1")
+        self.tensors = tensors
+        self.batch_size = batch_size
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        self.seed = seed
+        self._root = key(seed)  # validates seed
+        self._epoch = 0
+        self._size = size
+
+    @property
+    def dataset_size(self) -> int:
+        """Returns the number of samples (rows) in the tensors."""
+        return self._size
+
+    @property
+    def epoch(self) -> int:
+        """Returns the epoch whose order ``__iter__`` follows."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch whose order the next ``__iter__`` follows."""
+        self._epoch = _check_epoch(epoch)
+
+    def __len__(self) -> int:
+        """Returns the number of batches in one epoch."""
+        if self.drop_last:
+            return self._size // self.batch_size
+        return math.ceil(self._size / self.batch_size)
+
+    def order(self, epoch: int) -> Tensor:
+        """Returns the ``int64`` sample indices of ``epoch`` in the order they are visited."""
+        epoch = _check_epoch(epoch)
+        if self.shuffle:
+            return permutation(fold_in(self._root, epoch), self._size)
+        return torch.arange(self._size, dtype=torch.int64)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
+        """Returns an iterator over the batches of the selected epoch."""
+        return self.iter_from(self._epoch, 0)
+
+    def iter_from(self, epoch: int, batch_in_epoch: int) -> Iterator[tuple[Tensor, ...]]:
+        """Returns an iterator over the batches of ``epoch`` from batch ``batch_in_epoch`` on.
+
+        The skipped batches are never gathered, so resuming in the middle of an epoch costs one permutation.
+        ``batch_in_epoch`` may equal ``len(self)``, which yields nothing (a run saved at the end of an epoch).
+        """
+        epoch = _check_epoch(epoch)
+        num_batches = len(self)
+        if (
+            isinstance(batch_in_epoch, bool)
+            or not isinstance(batch_in_epoch, int)
+            or not 0 <= batch_in_epoch <= num_batches
+        ):
+            raise ValueError(f"batch_in_epoch={batch_in_epoch!r} must be an int in [0, {num_batches}]")
+        return self._batches(self.order(epoch), batch_in_epoch, num_batches)
+
+    def _batches(self, order: Tensor, start: int, stop: int) -> Iterator[tuple[Tensor, ...]]:
+        # One copy of the order per device, so that each batch costs exactly one gather per tensor.
+        order_on = {device: order.to(device) for device in {t.device for t in self.tensors}}
+        for batch in range(start, stop):
+            begin = batch * self.batch_size
+            end = min(begin + self.batch_size, self._size)
+            yield tuple(t.index_select(0, order_on[t.device][begin:end]) for t in self.tensors)
+
+    def __repr__(self) -> str:
+        return (
+            f"TensorLoader(dataset_size={self._size}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
+            f"drop_last={self.drop_last}, seed={self.seed}, epoch={self._epoch})"
+        )
+
+
+def _check_epoch(epoch: int) -> int:
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"epoch={epoch!r} must be an int >= 0")
+    return epoch
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, tuple | list):
+        return f"{type(value).__name__} of {[type(v).__name__ for v in value]}"
+    return type(value).__name__

@@ -1,0 +1,273 @@
+"""The gradient-transformation contract, its combinators, and applying updates to parameters.
+
+A :class:`GradientTransformation` is optax's pair of pure functions over ``dict[str, Tensor]`` keyed by
+parameter name::
+
+    state = tx.init(params)
+    updates, state = tx.update(grads, state, params)
+    params = apply_updates(params, updates)
+
+``update`` never modifies its inputs and records no autograd history; every tensor it returns is new (or an
+input passed through unchanged). Key order is preserved from ``updates``. Optimizer state is a pytree of
+NamedTuples, tuples and dicts of tensors, so it crosses the ``torch.compile`` boundary and saves with
+``torch.save``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "Params",
+    "Updates",
+    "OptState",
+    "InitFn",
+    "UpdateFn",
+    "GradientTransformation",
+    "EmptyState",
+    "MaskedState",
+    "identity",
+    "chain",
+    "named_chain",
+    "masked",
+    "apply_updates",
+    "apply_updates_",
+]
+
+Params = Mapping[str, Tensor]
+"""Parameters by qualified name."""
+
+Updates = Mapping[str, Tensor]
+"""Gradients or updates by parameter name; the same keys as :data:`Params`."""
+
+OptState = Any
+"""A pytree of NamedTuples, tuples and dicts whose leaves are tensors."""
+
+InitFn = Callable[[Params], OptState]
+UpdateFn = Callable[[Updates, OptState, "Params | None"], tuple[dict[str, Tensor], OptState]]
+
+
+class GradientTransformation(NamedTuple):
+    """A pure optimizer building block: ``init(params) -> state`` and ``update(updates, state, params)``.
+
+    ``update`` returns ``(new_updates, new_state)``. Optimizers built from these return updates that are
+    *added* to the parameters (they carry the minus sign and the learning rate).
+    """
+
+    init: InitFn
+    update: UpdateFn
+
+
+class EmptyState(NamedTuple):
+    """The state of a transform that keeps none."""
+
+
+class MaskedState(NamedTuple):
+    """The state of :func:`masked`: the inner transform's state over the masked-in parameters."""
+
+    inner_state: OptState
+
+
+def check_same_keys(argument: str, tensors: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
+    """Returns ``None`` when ``tensors`` has exactly the keys of ``expected``; raises ``ValueError`` otherwise."""
+    if tensors.keys() != expected.keys():
+        missing = sorted(set(expected) - set(tensors))
+        extra = sorted(set(tensors) - set(expected))
+        raise ValueError(
+            f"{argument} must have the same parameter names as the optimizer state/params; "
+            f"missing {missing}, unexpected {extra}"
+        )
+
+
+def require_params(params: Params | None, transform: str) -> Params:
+    """Returns ``params``; raises ``ValueError`` when a transform that reads parameters got ``None``."""
+    if params is None:
+        raise ValueError(
+            f"params=None: {transform} reads the parameters; pass them as update(updates, state, params)"
+        )
+    return params
+
+
+def _check_transform(argument: str, transform: object) -> GradientTransformation:
+    if not isinstance(transform, GradientTransformation):
+        raise TypeError(
+            f"{argument} must be a GradientTransformation (an (init, update) pair), got {type(transform).__name__}"
+        )
+    return transform
+
+
+def identity() -> GradientTransformation:
+    """Returns a transform that passes updates through unchanged: ``u ← u``; its state is :class:`EmptyState`."""
+
+    def init(params: Params) -> EmptyState:
+        return EmptyState()
+
+    def update(
+        updates: Updates, state: OptState, params: Params | None = None
+    ) -> tuple[dict[str, Tensor], EmptyState]:
+        return dict(updates), EmptyState()
+
+    return GradientTransformation(init, update)
+
+
+def chain(*transforms: GradientTransformation) -> GradientTransformation:
+    """Returns the composition ``t_n ∘ … ∘ t_1``: updates flow through ``transforms`` left to right.
+
+    The state is a ``tuple`` holding each transform's state in order. Prefer :func:`named_chain` when the
+    state will be read back by a person or a callback.
+    """
+    for index, transform in enumerate(transforms):
+        _check_transform(f"transforms[{index}]", transform)
+
+    def init(params: Params) -> tuple[OptState, ...]:
+        return tuple(transform.init(params) for transform in transforms)
+
+    def update(
+        updates: Updates, state: OptState, params: Params | None = None
+    ) -> tuple[dict[str, Tensor], tuple[OptState, ...]]:
+        if not isinstance(state, tuple) or len(state) != len(transforms):
+            raise ValueError(
+                f"state must be the tuple of {len(transforms)} states made by this chain's init, got {type(state).__name__}"
+                + (f" of length {len(state)}" if isinstance(state, tuple) else "")
+            )
+        new_updates: dict[str, Tensor] = dict(updates)
+        new_states = []
+        for transform, inner_state in zip(transforms, state, strict=True):
+            new_updates, new_state = transform.update(new_updates, inner_state, params)
+            new_states.append(new_state)
+        return new_updates, tuple(new_states)
+
+    return GradientTransformation(init, update)
+
+
+def named_chain(*transforms: tuple[str, GradientTransformation]) -> GradientTransformation:
+    """Returns the composition of ``transforms`` left to right, with its state as a ``dict`` keyed by name.
+
+    ``named_chain(("momentum", trace(0.9)), ("learning_rate", scale(-0.1)))`` has the state
+    ``{"momentum": TraceState(...), "learning_rate": EmptyState()}``, so a piece of state is found by what it
+    is, not by its position.
+    """
+    names: list[str] = []
+    for index, entry in enumerate(transforms):
+        if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str)):
+            raise TypeError(
+                f"transforms[{index}] must be a (name, GradientTransformation) pair, got {entry!r}"
+            )
+        _check_transform(f"transforms[{index}][1]", entry[1])
+        if entry[0] in names:
+            raise ValueError(f"transforms[{index}] repeats the name {entry[0]!r}; names must be unique")
+        names.append(entry[0])
+
+    def init(params: Params) -> dict[str, OptState]:
+        return {name: transform.init(params) for name, transform in transforms}
+
+    def update(
+        updates: Updates, state: OptState, params: Params | None = None
+    ) -> tuple[dict[str, Tensor], dict[str, OptState]]:
+        if not isinstance(state, Mapping) or set(state.keys()) != set(names):
+            got = list(state.keys()) if isinstance(state, Mapping) else type(state).__name__
+            raise ValueError(
+                f"state must be the dict made by this named_chain's init with keys {names}, got {got}"
+            )
+        new_updates: dict[str, Tensor] = dict(updates)
+        new_states: dict[str, OptState] = {}
+        for name, transform in transforms:
+            new_updates, new_states[name] = transform.update(new_updates, state[name], params)
+        return new_updates, new_states
+
+    return GradientTransformation(init, update)
+
+
+def masked(
+    transform: GradientTransformation, mask: Callable[[Params], Mapping[str, bool]] | Mapping[str, bool]
+) -> GradientTransformation:
+    """Returns a transform that applies ``transform`` to the parameters where ``mask`` is true only.
+
+    ``u_k ← transform(u)_k`` where ``mask[k]``, and ``u_k ← u_k`` elsewhere. The inner transform sees (and
+    keeps state for) the masked-in parameters only. ``mask`` is a mapping from every parameter name to a
+    Python ``bool``, or a function building one: it is called on ``params`` in ``init`` and on ``updates``
+    in ``update``. Its values must be Python booleans so the selection is fixed at trace time.
+    """
+    _check_transform("transform", transform)
+    if not (callable(mask) or isinstance(mask, Mapping)):
+        raise TypeError(
+            f"mask must be a Mapping[str, bool] or a function of the params, got {type(mask).__name__}"
+        )
+
+    def resolve(tree: Mapping[str, Tensor]) -> Mapping[str, bool]:
+        resolved = mask(tree) if callable(mask) else mask
+        check_same_keys("mask", resolved, tree)
+        for name, value in resolved.items():
+            if not isinstance(value, bool):
+                raise TypeError(f"mask[{name!r}] must be a Python bool, got {type(value).__name__}")
+        return resolved
+
+    def init(params: Params) -> MaskedState:
+        chosen = resolve(params)
+        return MaskedState(transform.init({k: p for k, p in params.items() if chosen[k]}))
+
+    def update(
+        updates: Updates, state: OptState, params: Params | None = None
+    ) -> tuple[dict[str, Tensor], MaskedState]:
+        chosen = resolve(updates)
+        inner_updates = {k: u for k, u in updates.items() if chosen[k]}
+        inner_params = None if params is None else {k: params[k] for k in inner_updates}
+        new_inner, inner_state = transform.update(inner_updates, state.inner_state, inner_params)
+        return {k: new_inner[k] if chosen[k] else u for k, u in updates.items()}, MaskedState(inner_state)
+
+    return GradientTransformation(init, update)
+
+
+def _aligned(params: Params, updates: Updates) -> tuple[list[str], list[Tensor], list[Tensor]]:
+    check_same_keys("updates", updates, params)
+    names = list(params.keys())
+    return names, [params[k] for k in names], [updates[k] for k in names]
+
+
+def apply_updates(params: Params, updates: Updates) -> dict[str, Tensor]:
+    """Returns the new parameters ``p ← p + u``, as new tensors in ``params``' key order and dtypes.
+
+    Inputs are left untouched and the result carries no autograd history. Use :func:`apply_updates_` to
+    write into ``params`` instead.
+    """
+    names, param_list, update_list = _aligned(params, updates)
+    with torch.no_grad():
+        new = torch._foreach_add(param_list, update_list)
+    # An update may be wider than its parameter (fp32 updates for bf16 weights); the parameter keeps its dtype.
+    return {
+        k: n if n.dtype == p.dtype else n.to(p.dtype) for k, n, p in zip(names, new, param_list, strict=True)
+    }
+
+
+def apply_updates_(params: Params, updates: Updates) -> None:
+    """Returns ``None`` after adding ``updates`` into ``params`` in place: ``p ← p + u``.
+
+    For callers that own (donate) their parameters, such as a trainer keeping ``nn.Parameter`` storage. The
+    updates must have the parameters' dtypes or be castable to them in place.
+    """
+    _, param_list, update_list = _aligned(params, updates)
+    with torch.no_grad():
+        torch._foreach_add_(param_list, update_list)
+
+
+def scalar_dtype(tensors: Sequence[Tensor]) -> torch.dtype:
+    """Returns the dtype for 0-d coefficient tensors: ``float32`` at least, wider if any tensor is wider.
+
+    Coefficients such as ``1 - β^t`` are computed once per step; keeping them in ``float32`` for ``bfloat16``
+    parameters matches torch's own "opmath" precision, and ``float64`` parameters keep full precision.
+    """
+    dtype = torch.float32
+    for tensor in tensors:
+        dtype = torch.promote_types(dtype, tensor.dtype)
+    return dtype
+
+
+def params_device(params: Params) -> torch.device:
+    """Returns the device of the first parameter, or the CPU when there are none."""
+    for tensor in params.values():
+        return tensor.device
+    return torch.device("cpu")

@@ -1,0 +1,297 @@
+"""Elementary gradient transformations: scaling, schedules, weight decay, momentum and Adam moments.
+
+Each function returns a :class:`~composer_fn.optim.base.GradientTransformation`. Updates are computed with
+``torch._foreach_*`` over the list of tensors, out of place and without autograd history; counts are 0-d
+``int64`` tensors on the parameters' device, and the first-step special cases are selected with
+``torch.where`` on the count, so every transform traces under ``torch.compile(fullgraph=True)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from composer_fn.optim.base import (
+    EmptyState,
+    GradientTransformation,
+    OptState,
+    Params,
+    Updates,
+    check_same_keys,
+    params_device,
+    require_params,
+    scalar_dtype,
+)
+
+__all__ = [
+    "ScheduleMultiplier",
+    "ScaleByScheduleState",
+    "TraceState",
+    "ScaleByAdamState",
+    "scale",
+    "scale_by_schedule",
+    "add_decayed_weights",
+    "trace",
+    "scale_by_adam",
+]
+
+ScheduleMultiplier = Callable[[Tensor], "Tensor | float"]
+"""Maps the 0-d ``int64`` update count (0 on the first update) to a multiplier: a 0-d tensor (or a float)."""
+
+
+class ScaleByScheduleState(NamedTuple):
+    """The number of updates :func:`scale_by_schedule` has made, a 0-d ``int64`` tensor."""
+
+    count: Tensor  # type: ignore[assignment]  # optax's field name; it shadows tuple.count
+
+
+class TraceState(NamedTuple):
+    """The state of :func:`trace`: the update count and one momentum buffer per parameter."""
+
+    count: Tensor  # type: ignore[assignment]  # optax's field name; it shadows tuple.count
+    momentum_buffer: dict[str, Tensor]
+
+
+class ScaleByAdamState(NamedTuple):
+    """The state of :func:`scale_by_adam`: the update count and the first (``mu``) and second (``nu``) moments."""
+
+    count: Tensor  # type: ignore[assignment]  # optax's field name; it shadows tuple.count
+    mu: dict[str, Tensor]
+    nu: dict[str, Tensor]
+
+
+def real_number(argument: str, value: object) -> float:
+    """Returns ``value`` as a ``float``; raises ``TypeError`` unless it is a real Python number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"{argument} must be a real number (int or float), got {type(value).__name__} {value!r}"
+        )
+    return float(value)
+
+
+def at_least_zero(argument: str, value: object) -> float:
+    """Returns ``value`` as a ``float``; raises ``ValueError`` unless it is a number ``>= 0``."""
+    number = real_number(argument, value)
+    if not number >= 0.0:
+        raise ValueError(f"{argument} must be >= 0, got {number}")
+    return number
+
+
+def beta(argument: str, value: object) -> float:
+    """Returns ``value`` as a ``float``; raises ``ValueError`` unless it lies in ``[0, 1)``."""
+    number = real_number(argument, value)
+    if not 0.0 <= number < 1.0:
+        raise ValueError(f"{argument} must be in [0, 1), got {number}")
+    return number
+
+
+def _zero_count(params: Params) -> Tensor:
+    return torch.zeros((), dtype=torch.int64, device=params_device(params))
+
+
+def _state_tensors(tensors: dict[str, Tensor], updates: Updates) -> list[Tensor]:
+    check_same_keys("updates", updates, tensors)
+    return [tensors[name] for name in updates]
+
+
+def _one_minus_power(base: float, exponent: Tensor) -> Tensor:
+    """Returns ``1 − base^exponent`` for ``base ∈ [0, 1)`` and ``exponent ≥ 1``, in ``exponent``'s dtype.
+
+    Written as ``−expm1(exponent · log(base))`` with ``log(base)`` taken in double precision on the host: a
+    ``float32`` ``base`` close to 1 (β₂ = 0.99999) would otherwise be off by a large relative amount in
+    ``1 − base^t``.
+    """
+    if base == 0.0:
+        return torch.ones_like(exponent)
+    return -torch.expm1(exponent * math.log(base))
+
+
+def scale(factor: float) -> GradientTransformation:
+    """Returns a transform that multiplies every update by a constant: ``u ← factor · u``."""
+    factor = real_number("factor", factor)
+
+    def init(params: Params) -> EmptyState:
+        return EmptyState()
+
+    def update(
+        updates: Updates, state: OptState, params: Params | None = None
+    ) -> tuple[dict[str, Tensor], EmptyState]:
+        if factor == 1.0:
+            return dict(updates), EmptyState()
+        with torch.no_grad():
+            scaled = torch._foreach_mul(list(updates.values()), factor)
+        return dict(zip(updates.keys(), scaled, strict=True)), EmptyState()
+
+    return GradientTransformation(init, update)
+
+
+def scale_by_schedule(schedule: ScheduleMultiplier) -> GradientTransformation:
+    """Returns a transform that scales updates by a schedule of the update count: ``u ← s(t) · u``.
+
+    ``t`` is the 0-d ``int64`` count of updates made before this one (0 on the first update) and ``s(t)`` a
+    0-d tensor (any :data:`~composer_fn.optim.schedules.ScheduleFn` fits). Chained after an optimizer whose updates carry the learning rate, this is
+    ``torch.optim.lr_scheduler.LambdaLR`` with ``lr_lambda = s``. State: :class:`ScaleByScheduleState`.
+    """
+    if not callable(schedule):
+        raise TypeError(f"schedule must be a function of the step count, got {type(schedule).__name__}")
+
+    def init(params: Params) -> ScaleByScheduleState:
+        return ScaleByScheduleState(count=_zero_count(params))
+
+    def update(
+        updates: Updates, state: OptState, params: Params | None = None
+    ) -> tuple[dict[str, Tensor], ScaleByScheduleState]:
+        with torch.no_grad():
+            multiplier = schedule(state.count)
+            if isinstance(multiplier, Tensor):
+                if multiplier.dim() != 0:
+                    raise ValueError(
+                        f"schedule must return a 0-d tensor or a float, got a tensor of shape {tuple(multiplier.shape)}"
+                    )
+                # A lookup such as table[count] is a view at a data-dependent offset, which foreach ops cannot
+                # trace under torch.compile; a fresh copy on the count's device can.
+                multiplier = multiplier.to(device=state.count.device, copy=True)
+            scaled = torch._foreach_mul(list(updates.values()), multiplier)
+            count = state.count + 1
+        return dict(zip(updates.keys(), scaled, strict=True)), ScaleByScheduleState(count=count)
+
+    return GradientTransformation(init, update)
+
+
+def add_decayed_weights(weight_decay: float) -> GradientTransformation:
+    """Returns a transform that adds the scaled parameters to the updates: ``u ← u + λ · p``.
+
+    Before the learning rate this is coupled (L2) weight decay, as in ``torch.optim.SGD``/``Adam``; after
+    it, decoupled weight decay. ``λ`` may be any real number (a negative ``λ`` is used where the update
+    already carries the descent sign). ``update`` needs ``params``.
+    """
+    weight_decay = real_number("weight_decay", weight_decay)
+
+    def init(params: Params) -> EmptyState:
+        return EmptyState()
+
+    def update(
+        updates: Updates, state: OptState, params: Params | None = None
+    ) -> tuple[dict[str, Tensor], EmptyState]:
+        if weight_decay == 0.0:
+            return dict(updates), EmptyState()
+        params = require_params(params, "add_decayed_weights")
+        check_same_keys("updates", updates, params)
+        with torch.no_grad():
+            decayed = torch._foreach_add(
+                list(updates.values()), [params[name] for name in updates], alpha=weight_decay
+            )
+        return dict(zip(updates.keys(), decayed, strict=True)), EmptyState()
+
+    return GradientTransformation(init, update)
+
+
+def trace(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> GradientTransformation:
+    """Returns heavy-ball momentum with ``torch.optim.SGD``'s semantics.
+
+    With ``m`` = ``momentum``, ``d`` = ``dampening`` and gradient ``g_t``::
+
+        b_1 = g_1                              (the first buffer is the gradient itself)
+        b_t = m · b_{t−1} + (1 − d) · g_t      (t > 1)
+        u_t = g_t + m · b_t  if nesterov  else  b_t
+
+    State: :class:`TraceState` with buffers shaped and typed like the parameters.
+    """
+    momentum = at_least_zero("momentum", momentum)
+    dampening = real_number("dampening", dampening)
+    if not isinstance(nesterov, bool):
+        raise TypeError(f"nesterov must be a bool, got {type(nesterov).__name__} {nesterov!r}")
+    if nesterov and (momentum == 0.0 or dampening != 0.0):
+        raise ValueError(
+            f"nesterov=True requires momentum > 0 and dampening == 0, got momentum={momentum}, dampening={dampening}"
+        )
+
+    def init(params: Params) -> TraceState:
+        with torch.no_grad():
+            buffers = {name: torch.zeros_like(p) for name, p in params.items()}
+        return TraceState(count=_zero_count(params), momentum_buffer=buffers)
+
+    def update(
+        updates: Updates, state: OptState, params: Params | None = None
+    ) -> tuple[dict[str, Tensor], TraceState]:
+        grads = list(updates.values())
+        buffers = _state_tensors(state.momentum_buffer, updates)
+        with torch.no_grad():
+            # The coefficients, not the buffers, switch on the first step: 0·b + 1·g is g exactly, so one
+            # foreach expression serves every step with no branch on a tensor value.
+            first = state.count == 0
+            dtype = scalar_dtype(grads)
+            buffer_weight = torch.where(
+                first, torch.zeros_like(first, dtype=dtype), torch.full_like(first, momentum, dtype=dtype)
+            )
+            new_buffers = torch._foreach_mul(buffers, buffer_weight)
+            if dampening == 0.0:
+                torch._foreach_add_(new_buffers, grads)
+            else:
+                grad_weight = torch.where(
+                    first,
+                    torch.ones_like(first, dtype=dtype),
+                    torch.full_like(first, 1.0 - dampening, dtype=dtype),
+                )
+                torch._foreach_add_(new_buffers, torch._foreach_mul(grads, grad_weight))
+            directions = torch._foreach_add(grads, new_buffers, alpha=momentum) if nesterov else new_buffers
+            count = state.count + 1
+        names = list(updates.keys())
+        return dict(zip(names, directions, strict=True)), TraceState(
+            count=count, momentum_buffer=dict(zip(names, new_buffers, strict=True))
+        )
+
+    return GradientTransformation(init, update)
+
+
+def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> GradientTransformation:
+    """Returns Adam's bias-corrected direction, as in ``torch.optim.Adam``.
+
+    With gradient ``g_t`` and ``t`` counting from 1::
+
+        μ_t = β₁ · μ_{t−1} + (1 − β₁) · g_t
+        ν_t = β₂ · ν_{t−1} + (1 − β₂) · g_t²
+        u_t = (μ_t / (1 − β₁ᵗ)) / (√ν_t / √(1 − β₂ᵗ) + ε)
+
+    State: :class:`ScaleByAdamState` with moments shaped and typed like the parameters.
+    """
+    b1 = beta("b1", b1)
+    b2 = beta("b2", b2)
+    eps = at_least_zero("eps", eps)
+
+    def init(params: Params) -> ScaleByAdamState:
+        with torch.no_grad():
+            mu = {name: torch.zeros_like(p) for name, p in params.items()}
+            nu = {name: torch.zeros_like(p) for name, p in params.items()}
+        return ScaleByAdamState(count=_zero_count(params), mu=mu, nu=nu)
+
+    def update(
+        updates: Updates, state: OptState, params: Params | None = None
+    ) -> tuple[dict[str, Tensor], ScaleByAdamState]:
+        grads = list(updates.values())
+        mu = _state_tensors(state.mu, updates)
+        nu = _state_tensors(state.nu, updates)
+        with torch.no_grad():
+            count = state.count + 1
+            new_mu = torch._foreach_lerp(mu, grads, 1.0 - b1)
+            new_nu = torch._foreach_mul(nu, b2)
+            torch._foreach_addcmul_(new_nu, grads, grads, value=1.0 - b2)
+            steps = count.to(scalar_dtype(grads))
+            bias_correction1 = _one_minus_power(b1, steps)
+            bias_correction2_sqrt = torch.sqrt(_one_minus_power(b2, steps))
+            denominators = torch._foreach_sqrt(new_nu)
+            torch._foreach_div_(denominators, bias_correction2_sqrt)
+            torch._foreach_add_(denominators, eps)
+            directions = torch._foreach_div(new_mu, denominators)
+            torch._foreach_div_(directions, bias_correction1)
+        names = list(updates.keys())
+        new_state = ScaleByAdamState(
+            count=count, mu=dict(zip(names, new_mu, strict=True)), nu=dict(zip(names, new_nu, strict=True))
+        )
+        return dict(zip(names, directions, strict=True)), new_state
+
+    return GradientTransformation(init, update)

@@ -1,0 +1,7 @@
+"""The imperative shell: the training loop, the step builders and checkpoint files."""
+
+from composer_fn.trainer.checkpoint import load_checkpoint, save_checkpoint
+from composer_fn.trainer.step import cross_entropy_loss, make_eval_step, make_train_step
+from composer_fn.trainer.trainer import Trainer
+
+__all__ = ["Trainer", "cross_entropy_loss", "load_checkpoint", "make_eval_step", "make_train_step", "save_checkpoint"]

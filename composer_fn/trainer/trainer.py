@@ -1,0 +1,450 @@
+"""The Trainer: the imperative shell around the pure core.
+
+It owns every side effect: the device, the data loaders, compilation, the clock, the progress bar, loggers,
+callbacks and checkpoint files. Everything that decides what training does (which algorithm runs when, the
+step itself, the learning rate) is a pure function it calls.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+import torchmetrics
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from composer_fn.callbacks.base import Callback, RunView, bind_callbacks
+from composer_fn.core import random as R
+from composer_fn.core.algorithm import REQUIREMENTS, Algorithm, algorithms_to_json
+from composer_fn.core.engine import Plan, make_plan, run_host_event
+from composer_fn.core.event import Event
+from composer_fn.core.passes import DEFAULT_PASSES, Pass
+from composer_fn.core.state import PRECISIONS, BatchMeta, LossFn, Precision, State, Static, batch_get
+from composer_fn.core.time import Time, Timestamp, TimeUnit, to_steps
+from composer_fn.loggers.base import Logger
+from composer_fn.optim.base import GradientTransformation, chain
+from composer_fn.optim.optimizers import sgdw
+from composer_fn.optim.schedules import ConstantScheduler
+from composer_fn.optim.transforms import scale_by_schedule
+from composer_fn.trainer.checkpoint import load_checkpoint, save_checkpoint
+from composer_fn.trainer.step import GradMode, StepFn, cross_entropy_loss, make_eval_step, make_train_step
+
+__all__ = ["Trainer"]
+
+SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset()
+"""What this trainer can provide to algorithms (see ``Algorithm.requires``)."""
+
+
+def _interval(value: str | int | Time | None, argument: str) -> Time | None:
+    if value is None:
+        return None
+    interval = Time.from_input(value, TimeUnit.EPOCH)
+    if interval.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH) or interval.value <= 0:
+        raise ValueError(f"{argument}={value!r} must be a positive number of epochs or batches, e.g. '1ep', '100ba'")
+    return interval
+
+
+def _batch_size(batch: Any, input_key: int | str) -> int:
+    size = batch_get(batch, input_key).shape[0]
+    return int(size)
+
+
+class Trainer:
+    """Trains ``model`` with ``algorithms`` composed over a functional step.
+
+    Args:
+        model: any ``nn.Module`` called as ``model(batch[input_key])``; the trainer works on a copy and
+            leaves it untouched.
+        train_dataloader: an iterable of batches with ``__len__`` (tuples, lists or dicts of tensors). A loader
+            with ``set_epoch(epoch)`` (``composer_fn.data.TensorLoader``, ``DistributedSampler``-backed loaders)
+            is told each epoch; with ``iter_from(epoch, batch)`` a resumed run starts mid-epoch without
+            replaying batches.
+        eval_dataloader: batches to evaluate on at ``eval_interval`` and at the end.
+        max_duration: how long to train: ``'10ep'``, ``'500ba'`` or an int number of epochs.
+        optimizer: a gradient transformation (``composer_fn.optim.sgd(...)``); default ``sgdw(0.1)``.
+        schedule: a learning-rate multiplier schedule (``composer_fn.optim.CosineAnnealingScheduler()``).
+        algorithms: algorithm records, each at most once.
+        seed: the root of every random draw of the run.
+        precision: ``'fp32'`` or ``'bf16-mixed'`` (autocast inside the step).
+        compile: False, True (inductor) or the name of a ``torch.compile`` backend.
+        callbacks, loggers: observers and metric destinations.
+        save_folder: where checkpoints go (``ep{epoch}-ba{batch}.pt`` and ``latest.pt``); None saves nothing.
+        save_interval: how often to checkpoint when ``save_folder`` is set.
+        load_path: a checkpoint to resume from.
+        loss_fn: ``loss_fn(outputs, batch)``; default cross-entropy against ``batch[target_key]``.
+        eval_interval, log_interval: how often to evaluate and to log.
+        grad_mode: ``'autograd'`` (default eager) or ``'func'`` (default when compiling).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        train_dataloader: Iterable[Any],
+        eval_dataloader: Iterable[Any] | None = None,
+        *,
+        max_duration: str | int | Time,
+        optimizer: GradientTransformation | None = None,
+        schedule: Any = None,
+        algorithms: Sequence[Algorithm] = (),
+        seed: int = 0,
+        precision: Precision = "fp32",
+        compile: bool | str = False,
+        callbacks: Sequence[Callback] = (),
+        loggers: Sequence[Logger] = (),
+        save_folder: str | Path | None = None,
+        save_interval: str | int | Time = "1ep",
+        load_path: str | Path | None = None,
+        device: str | torch.device | None = None,
+        loss_fn: LossFn | None = None,
+        input_key: int | str = 0,
+        target_key: int | str = 1,
+        eval_interval: str | int | Time = "1ep",
+        log_interval: str | int | Time = "10ba",
+        progress_bar: bool = True,
+        passes: Sequence[Pass] = DEFAULT_PASSES,
+        grad_mode: GradMode | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model of type {type(model).__name__}: expected a torch.nn.Module")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision={precision!r} must be one of {', '.join(PRECISIONS)}")
+        if not hasattr(train_dataloader, "__len__"):
+            raise TypeError("train_dataloader must have a length (batches per epoch) to schedule epochs")
+        self.algorithms = tuple(algorithms)
+        for algorithm in self.algorithms:
+            missing = algorithm.requires - SUPPORTED_REQUIREMENTS
+            if missing:
+                raise ValueError(
+                    f"algorithm {algorithm.name!r} requires {sorted(missing)} from the trainer, which provides "
+                    f"{sorted(SUPPORTED_REQUIREMENTS) or 'none'} of {sorted(REQUIREMENTS)}"
+                )
+        self.passes = tuple(passes)
+        self.train_dataloader = train_dataloader
+        self.eval_dataloader = eval_dataloader
+        self.steps_per_epoch = len(train_dataloader)  # type: ignore[arg-type]
+        if self.steps_per_epoch < 1:
+            raise ValueError("train_dataloader yields no batches")
+        duration = Time.from_input(max_duration, TimeUnit.EPOCH)
+        if duration.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH):
+            raise ValueError(f"max_duration={max_duration!r} must be in epochs or batches, e.g. '10ep' or '500ba'")
+        self.max_duration = duration
+        self.max_steps = to_steps(duration, steps_per_epoch=self.steps_per_epoch, max_steps=0)
+        self.input_key, self.target_key = input_key, target_key
+        self.loss_fn = loss_fn if loss_fn is not None else cross_entropy_loss(target_key)
+        self.compile = "inductor" if compile is True else (compile or None)
+        self.grad_mode: GradMode = grad_mode or ("func" if self.compile else "autograd")
+        self.save_folder = Path(save_folder) if save_folder is not None else None
+        self.save_interval = _interval(save_interval, "save_interval") if save_folder is not None else None
+        self.eval_interval = _interval(eval_interval, "eval_interval") if eval_dataloader is not None else None
+        self.log_interval = _interval(log_interval, "log_interval")
+        self.progress_bar = progress_bar
+        self.callbacks = tuple(callbacks)
+        self.loggers = tuple(loggers)
+        self._handlers = bind_callbacks(self.callbacks)
+        self.compiles = 0
+        self.metrics: dict[str, float] = {}
+        self._steps: dict[Any, StepFn] = {}
+        self._eval_steps: dict[Any, Callable[[State, Any], Tensor]] = {}
+
+        if optimizer is None:
+            warnings.warn("no optimizer given: using sgdw(learning_rate=0.1)", stacklevel=2)
+            optimizer = sgdw(0.1)
+        schedule = schedule if schedule is not None else ConstantScheduler()
+        self.lr_multiplier = schedule.resolve(steps_per_epoch=self.steps_per_epoch, max_steps=self.max_steps)
+        self.tx = chain(optimizer, scale_by_schedule(self.lr_multiplier))
+
+        target_device = torch.device(device) if device is not None else _default_device()
+        structure = copy.deepcopy(model).to(target_device).train()
+        self.static = Static(module=structure, precision=precision, device=target_device, seed=seed)
+        params = {n: p.detach().clone() for n, p in structure.named_parameters()}
+        buffers = {n: b.detach().clone() for n, b in structure.named_buffers()}
+        state = State(
+            params=params,
+            buffers=buffers,
+            opt=None,
+            algos={},
+            hparams={},
+            step=torch.zeros((), dtype=torch.int64, device=target_device),
+            key=R.key(seed, device=target_device),
+        )
+        self.timestamp = Timestamp()
+        plan = self._plan(self.timestamp)
+        for diagnostic in plan.diagnostics:
+            warnings.warn(diagnostic, stacklevel=2)
+        self.static, state = run_host_event(Event.INIT, plan, self.static, state, self.timestamp)
+        state = state.replace(
+            opt=self.tx.init(state.params),
+            algos={a.name: a.init(self.static, state) for a in self.algorithms},
+        )
+        self.state = state
+        self._notify(Event.INIT)
+        if load_path is not None:
+            self._load(load_path)
+
+    # -- the pure parts, called from the loop ------------------------------------------------------------
+
+    def _plan(self, timestamp: Timestamp) -> Plan:
+        return make_plan(self.algorithms, self.passes, timestamp)
+
+    def _train_step(self, plan: Plan) -> StepFn:
+        cache_key = (self.static, plan.step_key)
+        step = self._steps.get(cache_key)
+        if step is None:
+            step = make_train_step(
+                self.static, plan, self.loss_fn, self.tx, input_key=self.input_key, grad_mode=self.grad_mode
+            )
+            if self.compile:
+                step = torch.compile(step, backend=self._counting_backend(), fullgraph=True, dynamic=False)
+            self._steps[cache_key] = step
+        return step
+
+    def _eval_step(self, plan: Plan) -> Callable[[State, Any], Tensor]:
+        cache_key = (self.static, plan.step_key)
+        step = self._eval_steps.get(cache_key)
+        if step is None:
+            step = make_eval_step(self.static, plan, input_key=self.input_key)
+            if self.compile:
+                step = torch.compile(step, backend=self._counting_backend(), fullgraph=True, dynamic=False)
+            self._eval_steps[cache_key] = step
+        return step
+
+    def _counting_backend(self) -> Callable[..., Any]:
+        from torch._dynamo import lookup_backend
+
+        inner = lookup_backend(self.compile)
+
+        def backend(graph: Any, example_inputs: Any) -> Any:
+            self.compiles += 1
+            return inner(graph, example_inputs)
+
+        return backend
+
+    # -- side effects --------------------------------------------------------------------------------------
+
+    def _notify(self, event: Event) -> None:
+        handlers = self._handlers.get(event)
+        if handlers:
+            view = RunView(event, self.static, self.state, self.timestamp, self.max_steps, dict(self.metrics))
+            for handler in handlers:
+                handler(view)
+
+    def _host_event(self, event: Event, plan: Plan, meta: BatchMeta | None = None) -> None:
+        if event in plan.host:
+            self.static, self.state = run_host_event(event, plan, self.static, self.state, self.timestamp, meta)
+        self._notify(event)
+
+    def _log(self, record: dict[str, Any]) -> None:
+        for logger in self.loggers:
+            logger.log(record)
+
+    def _to_device(self, batch: Any) -> Any:
+        if self.static.device.type == "cpu":
+            return batch
+        device = self.static.device
+        return pytree.tree_map(lambda t: t.to(device, non_blocking=True) if isinstance(t, Tensor) else t, batch)
+
+    def _batches(self) -> Iterator[Any]:
+        loader: Any = self.train_dataloader
+        epoch, start = self.timestamp.epoch, self.timestamp.batch_in_epoch
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        if start and hasattr(loader, "iter_from"):
+            return iter(loader.iter_from(epoch, start))
+        return itertools.islice(iter(loader), start, None)
+
+    def _due(self, interval: Time | None, unit: TimeUnit) -> bool:
+        if interval is None or interval.unit is not unit:
+            return False
+        return self.timestamp.get(unit) % int(interval.value) == 0
+
+    def fit(self) -> dict[str, float]:
+        """Returns the final metrics after training to ``max_duration`` (resuming where a checkpoint left off)."""
+        self.static.module.train()
+        self._log({"kind": "hparams", **hparams_of(self)})
+        plan = self._plan(self.timestamp)
+        self._host_event(Event.FIT_START, plan)
+        bar = tqdm(
+            total=self.max_steps,
+            initial=self.timestamp.batch,
+            disable=not self.progress_bar,
+            unit="ba",
+            dynamic_ncols=True,
+            file=sys.stderr,
+            leave=True,
+        )
+        start = time.perf_counter()
+        window_start, window_samples = start, 0
+        loss: Tensor | None = None
+        saved_at = -1
+        try:
+            while self.timestamp.batch < self.max_steps:
+                plan = self._plan(self.timestamp)
+                if self.timestamp.batch_in_epoch == 0:
+                    self._host_event(Event.EPOCH_START, plan)
+                for raw in self._batches():
+                    plan = self._plan(self.timestamp)
+                    self._host_event(Event.BEFORE_DATALOADER, plan)
+                    batch = self._to_device(raw)
+                    size = _batch_size(batch, self.input_key)
+                    self._host_event(Event.BATCH_START, plan, BatchMeta(size))
+                    self.state, outputs = self._train_step(plan)(self.state, batch)
+                    loss = outputs["loss"]
+                    self.timestamp = self.timestamp.advance(size)
+                    window_samples += size
+                    bar.update(1)
+                    plan = self._plan(self.timestamp)
+                    if self._due(self.log_interval, TimeUnit.BATCH) or self.timestamp.batch == self.max_steps:
+                        now = time.perf_counter()
+                        self._log_train(loss, window_samples / max(now - window_start, 1e-9), bar)
+                        window_start, window_samples = now, 0
+                    self._host_event(Event.BATCH_END, plan)
+                    if self._due(self.eval_interval, TimeUnit.BATCH):
+                        self._evaluate()
+                    self._host_event(Event.BATCH_CHECKPOINT, plan)
+                    if self._due(self.save_interval, TimeUnit.BATCH):
+                        saved_at = self._save()
+                    if self.timestamp.batch >= self.max_steps:
+                        break
+                if self.timestamp.batch_in_epoch < self.steps_per_epoch and self.timestamp.batch >= self.max_steps:
+                    break
+                self._host_event(Event.EPOCH_END, plan)
+                if self._due(self.eval_interval, TimeUnit.EPOCH):
+                    self._evaluate()
+                self.timestamp = self.timestamp.next_epoch()
+                plan = self._plan(self.timestamp)
+                self._host_event(Event.EPOCH_CHECKPOINT, plan)
+                if self._due(self.save_interval, TimeUnit.EPOCH):
+                    saved_at = self._save()
+        finally:
+            bar.close()
+        plan = self._plan(self.timestamp)
+        self._host_event(Event.FIT_END, plan)
+        if self.eval_dataloader is not None and self.metrics.get("eval_step") != self.timestamp.batch:
+            self._evaluate()
+        if self.save_folder is not None and saved_at != self.timestamp.batch:
+            self._save()
+        self.metrics["wall_time"] = time.perf_counter() - start
+        self._log({"kind": "fit", "step": self.timestamp.batch, "wall_time": self.metrics["wall_time"]})
+        for observer in (*self.callbacks, *self.loggers):
+            observer.close()
+        return dict(self.metrics)
+
+    def _log_train(self, loss: Tensor | None, samples_per_second: float, bar: Any) -> None:
+        step = self.timestamp.batch
+        learning_rate = float(self.lr_multiplier(max(step - 1, 0)))
+        value = float(loss) if loss is not None else float("nan")
+        self.metrics.update(loss=value, samples_per_second=samples_per_second, lr_multiplier=learning_rate)
+        self._log(
+            {
+                "kind": "train",
+                "step": step,
+                "epoch": self.timestamp.epoch,
+                "loss": value,
+                "lr_multiplier": learning_rate,
+                "samples_per_second": samples_per_second,
+            }
+        )
+        bar.set_postfix(loss=f"{value:.4f}", samples_s=f"{samples_per_second:,.0f}", refresh=False)
+
+    def _evaluate(self, standalone: bool = False) -> dict[str, float]:
+        if self.eval_dataloader is None:
+            return {}
+        module = self.static.module
+        module.eval()
+        plan = self._plan(self.timestamp)
+        opening = Event.EVAL_STANDALONE_START if standalone else Event.EVAL_BEFORE_ALL
+        self._host_event(opening, plan)
+        self._host_event(Event.EVAL_START, plan)
+        step = self._eval_step(plan)
+        accuracy: torchmetrics.Metric | None = None
+        mean_loss = torchmetrics.MeanMetric().to(self.static.device)
+        try:
+            for raw in self.eval_dataloader:
+                batch = self._to_device(raw)
+                self._host_event(Event.EVAL_BATCH_START, plan)
+                outputs = step(self.state, batch)
+                target = batch_get(batch, self.target_key)
+                if accuracy is None:
+                    accuracy = torchmetrics.classification.MulticlassAccuracy(
+                        num_classes=outputs.shape[1], average="micro"
+                    ).to(self.static.device)
+                accuracy.update(outputs.float(), target)
+                with torch.no_grad():
+                    mean_loss.update(self.loss_fn(outputs.float(), batch), weight=target.shape[0])
+                self._host_event(Event.EVAL_BATCH_END, plan)
+        finally:
+            module.train()
+        results = {
+            "eval_accuracy": float(accuracy.compute()) if accuracy is not None else float("nan"),
+            "eval_loss": float(mean_loss.compute()),
+        }
+        self.metrics.update(results, eval_step=self.timestamp.batch)
+        self._log({"kind": "eval", "step": self.timestamp.batch, "epoch": self.timestamp.epoch, **results})
+        self._host_event(Event.EVAL_END, plan)
+        closing = Event.EVAL_STANDALONE_END if standalone else Event.EVAL_AFTER_ALL
+        self._host_event(closing, plan)
+        return results
+
+    def eval(self) -> dict[str, float]:
+        """Returns the evaluation metrics (accuracy, loss) of the current state on ``eval_dataloader``."""
+        if self.eval_dataloader is None:
+            raise ValueError("eval() needs an eval_dataloader; none was given to the Trainer")
+        return self._evaluate(standalone=True)
+
+    # -- checkpoints ---------------------------------------------------------------------------------------
+
+    def _save(self) -> int:
+        assert self.save_folder is not None
+        name = f"ep{self.timestamp.epoch}-ba{self.timestamp.batch}.pt"
+        path = save_checkpoint(
+            self.save_folder / name, self.state, self.timestamp, algorithms_to_json(self.algorithms)
+        )
+        latest = self.save_folder / "latest.pt"
+        link = self.save_folder / ".latest.pt.tmp"
+        link.unlink(missing_ok=True)
+        link.symlink_to(path.name)
+        link.replace(latest)
+        self._log({"kind": "checkpoint", "step": self.timestamp.batch, "path": str(path)})
+        return self.timestamp.batch
+
+    def _load(self, load_path: str | Path) -> None:
+        plan = self._plan(self.timestamp)
+        self._host_event(Event.BEFORE_LOAD, plan)
+        checkpoint = load_checkpoint(load_path, self.state, device=self.static.device)
+        expected = algorithms_to_json(self.algorithms)
+        if checkpoint.algorithms != expected:
+            raise ValueError(
+                f"load_path={str(load_path)!r} was trained with algorithms {checkpoint.algorithms}; "
+                f"this trainer has {expected}"
+            )
+        self.state = checkpoint.state
+        self.timestamp = checkpoint.timestamp
+        self._host_event(Event.AFTER_LOAD, self._plan(self.timestamp))
+
+    def save_checkpoint(self, path: str | Path) -> Path:
+        """Returns the path written: the current state and timestamp, saved atomically."""
+        return save_checkpoint(path, self.state, self.timestamp, algorithms_to_json(self.algorithms))
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def hparams_of(trainer: Trainer) -> Mapping[str, Any]:
+    """Returns the run's settings as plain values, for loggers."""
+    return {
+        "max_duration": str(trainer.max_duration),
+        "algorithms": [a.to_config() for a in trainer.algorithms],
+        "precision": trainer.static.precision,
+        "seed": trainer.static.seed,
+        "compile": trainer.compile,
+    }
