@@ -235,6 +235,8 @@ def apply_updates(params: Params, updates: Updates) -> dict[str, Tensor]:
     write into ``params`` instead.
     """
     names, param_list, update_list = _aligned(params, updates)
+    if not names:
+        return {}
     with torch.no_grad():
         new = torch._foreach_add(param_list, update_list)
     # An update may be wider than its parameter (fp32 updates for bf16 weights); the parameter keeps its dtype.
@@ -249,7 +251,9 @@ def apply_updates_(params: Params, updates: Updates) -> None:
     For callers that own (donate) their parameters, such as a trainer keeping ``nn.Parameter`` storage. The
     updates must have the parameters' dtypes or be castable to them in place.
     """
-    _, param_list, update_list = _aligned(params, updates)
+    names, param_list, update_list = _aligned(params, updates)
+    if not names:
+        return
     with torch.no_grad():
         torch._foreach_add_(param_list, update_list)
 

@@ -17,7 +17,6 @@ from composer_fn.optim.transforms import (
     add_decayed_weights,
     at_least_zero,
     beta,
-    real_number,
     scale,
     scale_by_adam,
     trace,
@@ -27,17 +26,10 @@ __all__ = ["sgd", "sgdw", "adam", "adamw", "decoupled_adamw"]
 
 
 def _momentum(momentum: float, dampening: float, nesterov: bool) -> GradientTransformation:
-    momentum = at_least_zero("momentum", momentum)
-    dampening = real_number("dampening", dampening)
-    if not isinstance(nesterov, bool):
-        raise TypeError(f"nesterov must be a bool, got {type(nesterov).__name__} {nesterov!r}")
-    if nesterov and (momentum == 0.0 or dampening != 0.0):
-        raise ValueError(
-            f"nesterov=True requires momentum > 0 and dampening == 0, got momentum={momentum}, dampening={dampening}"
-        )
+    momentum_transform = trace(momentum, dampening, nesterov)
     # Without momentum torch keeps no buffers; neither do we (a zero-momentum trace would hold a copy of
     # every parameter).
-    return trace(momentum, dampening, nesterov) if momentum > 0.0 else identity()
+    return momentum_transform if momentum > 0.0 else identity()
 
 
 def _betas(betas: Sequence[float]) -> tuple[float, float]:

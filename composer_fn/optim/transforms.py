@@ -65,11 +65,16 @@ class ScaleByAdamState(NamedTuple):
 
 
 def real_number(argument: str, value: object) -> float:
-    """Returns ``value`` as a ``float``; raises ``TypeError`` unless it is a real Python number."""
+    """Returns ``value`` as a ``float``; raises unless it is a finite real Python number.
+
+    ``TypeError`` for anything but ``int``/``float`` (``bool`` included), ``ValueError`` for ``nan``/``inf``.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(
             f"{argument} must be a real number (int or float), got {type(value).__name__} {value!r}"
         )
+    if not math.isfinite(value):
+        raise ValueError(f"{argument} must be finite, got {value}")
     return float(value)
 
 
@@ -120,7 +125,7 @@ def scale(factor: float) -> GradientTransformation:
     def update(
         updates: Updates, state: OptState, params: Params | None = None
     ) -> tuple[dict[str, Tensor], EmptyState]:
-        if factor == 1.0:
+        if factor == 1.0 or not updates:
             return dict(updates), EmptyState()
         with torch.no_grad():
             scaled = torch._foreach_mul(list(updates.values()), factor)
@@ -133,8 +138,9 @@ def scale_by_schedule(schedule: ScheduleMultiplier) -> GradientTransformation:
     """Returns a transform that scales updates by a schedule of the update count: ``u ← s(t) · u``.
 
     ``t`` is the 0-d ``int64`` count of updates made before this one (0 on the first update) and ``s(t)`` a
-    0-d tensor (any :data:`~composer_fn.optim.schedules.ScheduleFn` fits). Chained after an optimizer whose updates carry the learning rate, this is
-    ``torch.optim.lr_scheduler.LambdaLR`` with ``lr_lambda = s``. State: :class:`ScaleByScheduleState`.
+    0-d tensor or a float (any :data:`~composer_fn.optim.schedules.ScheduleFn` fits). Chained after an
+    optimizer whose updates carry the learning rate, this is ``torch.optim.lr_scheduler.LambdaLR`` with
+    ``lr_lambda = s``. State: :class:`ScaleByScheduleState`.
     """
     if not callable(schedule):
         raise TypeError(f"schedule must be a function of the step count, got {type(schedule).__name__}")
@@ -145,6 +151,8 @@ def scale_by_schedule(schedule: ScheduleMultiplier) -> GradientTransformation:
     def update(
         updates: Updates, state: OptState, params: Params | None = None
     ) -> tuple[dict[str, Tensor], ScaleByScheduleState]:
+        if not updates:
+            return {}, ScaleByScheduleState(count=state.count + 1)
         with torch.no_grad():
             multiplier = schedule(state.count)
             if isinstance(multiplier, Tensor):
@@ -177,7 +185,7 @@ def add_decayed_weights(weight_decay: float) -> GradientTransformation:
     def update(
         updates: Updates, state: OptState, params: Params | None = None
     ) -> tuple[dict[str, Tensor], EmptyState]:
-        if weight_decay == 0.0:
+        if weight_decay == 0.0 or not updates:
             return dict(updates), EmptyState()
         params = require_params(params, "add_decayed_weights")
         check_same_keys("updates", updates, params)
@@ -218,6 +226,8 @@ def trace(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> Gr
     def update(
         updates: Updates, state: OptState, params: Params | None = None
     ) -> tuple[dict[str, Tensor], TraceState]:
+        if not updates:
+            return {}, TraceState(count=state.count + 1, momentum_buffer={})
         grads = list(updates.values())
         buffers = _state_tensors(state.momentum_buffer, updates)
         with torch.no_grad():
@@ -272,6 +282,8 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
     def update(
         updates: Updates, state: OptState, params: Params | None = None
     ) -> tuple[dict[str, Tensor], ScaleByAdamState]:
+        if not updates:
+            return {}, ScaleByAdamState(count=state.count + 1, mu={}, nu={})
         grads = list(updates.values())
         mu = _state_tensors(state.mu, updates)
         nu = _state_tensors(state.nu, updates)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,13 @@ __all__ = ["save_checkpoint", "load_checkpoint", "Checkpoint", "FORMAT_VERSION"]
 FORMAT_VERSION = 1
 
 
+@dataclass(frozen=True)
 class Checkpoint:
     """What ``load_checkpoint`` read: the state, the timestamp and the algorithms' JSON configs."""
 
-    def __init__(self, state: State, timestamp: Timestamp, algorithms: str) -> None:
-        self.state = state
-        self.timestamp = timestamp
-        self.algorithms = algorithms
+    state: State
+    timestamp: Timestamp
+    algorithms: str
 
 
 def _leaves(tree: Any) -> list[Any]:
@@ -102,11 +103,16 @@ def _unflatten(kind: str, leaves: list[Any], template: Any) -> Any:
 
 
 def load_checkpoint(
-    path: str | os.PathLike[str], template: State, *, device: torch.device | str | None = None
+    path: str | os.PathLike[str],
+    template: State,
+    *,
+    device: torch.device | str | None = None,
+    algorithms: str | None = None,
 ) -> Checkpoint:
     """Returns the checkpoint at ``path``, its pytrees rebuilt on the structure of ``template``.
 
     The file is read with ``torch.load(weights_only=True)``: it can hold tensors and plain values only.
+    With ``algorithms`` (JSON configs), a checkpoint trained with other algorithms is refused first.
     """
     source = Path(path)
     if not source.is_file():
@@ -115,6 +121,11 @@ def load_checkpoint(
     if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise ValueError(f"{str(path)!r} is not a composer_fn checkpoint of format {FORMAT_VERSION} (found {found!r})")
+    if algorithms is not None and payload["algorithms"] != algorithms:
+        raise ValueError(
+            f"load_path={str(path)!r} was trained with algorithms {payload['algorithms']}; "
+            f"this trainer has {algorithms}"
+        )
     _check_tensors("params", payload["params"], dict(template.params))
     _check_tensors("buffers", payload["buffers"], dict(template.buffers))
     if payload["algos_names"] != sorted(template.algos):

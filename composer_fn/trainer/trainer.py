@@ -419,13 +419,9 @@ class Trainer:
     def _load(self, load_path: str | Path) -> None:
         plan = self._plan(self.timestamp)
         self._host_event(Event.BEFORE_LOAD, plan)
-        checkpoint = load_checkpoint(load_path, self.state, device=self.static.device)
-        expected = algorithms_to_json(self.algorithms)
-        if checkpoint.algorithms != expected:
-            raise ValueError(
-                f"load_path={str(load_path)!r} was trained with algorithms {checkpoint.algorithms}; "
-                f"this trainer has {expected}"
-            )
+        checkpoint = load_checkpoint(
+            load_path, self.state, device=self.static.device, algorithms=algorithms_to_json(self.algorithms)
+        )
         self.state = checkpoint.state
         self.timestamp = checkpoint.timestamp
         self._host_event(Event.AFTER_LOAD, self._plan(self.timestamp))

@@ -12,6 +12,7 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 from composer_fn.optim import (
+    CosineAnnealingWithWarmupScheduler,
     GradientTransformation,
     adam,
     adamw,
@@ -225,6 +226,22 @@ def test_adamw_with_schedule_matches_torch_adamw_with_lambda_lr() -> None:
     assert_same_trajectory(run_ours(tx, params, grads), reference)
 
 
+def test_adamw_with_a_composer_schedule_matches_torch_adamw_with_lambda_lr() -> None:
+    steps = 20
+    schedule = CosineAnnealingWithWarmupScheduler(t_warmup="4ba", alpha_f=0.1).resolve(
+        steps_per_epoch=10, max_steps=steps
+    )
+    params, grads = make_params(), make_grads(steps)
+    reference = run_torch(
+        lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.05, foreach=True),
+        params,
+        grads,
+        [float(schedule(step)) for step in range(steps + 1)],
+    )
+    tx = chain(adamw(0.01, weight_decay=0.05), scale_by_schedule(schedule))
+    assert_same_trajectory(run_ours(tx, params, grads), reference)
+
+
 def composer_sgdw_reference(
     params: dict[str, Tensor],
     grads: list[dict[str, Tensor]],
@@ -395,6 +412,37 @@ def test_update_leaves_params_grads_and_state_untouched(name: str) -> None:
     assert all(not t.requires_grad for t in _leaves((updates, new_state)))
 
 
+@pytest.mark.parametrize("name", OPTIMIZERS, ids=list(OPTIMIZERS))
+def test_params_and_state_keep_each_parameter_dtype(name: str) -> None:
+    tx = OPTIMIZERS[name]()
+    params = {
+        "half": torch.linspace(-1, 1, 6, dtype=torch.bfloat16),
+        "single": torch.linspace(-1, 1, 6),
+        "double": torch.linspace(-1, 1, 6, dtype=torch.float64),
+    }
+    grads = {name: torch.full_like(p, 0.25) for name, p in params.items()}
+    state = tx.init(params)
+    for _ in range(2):
+        updates, state = tx.update(grads, state, params)
+        params_after = apply_updates(params, updates)
+    assert {n: p.dtype for n, p in params_after.items()} == {n: p.dtype for n, p in params.items()}
+    assert all(u.dtype == params[n].dtype for n, u in updates.items())
+    per_parameter = 0
+    for path, leaf in pytree.tree_flatten_with_path(state)[0]:
+        key = path[-1]
+        if isinstance(key, pytree.MappingKey) and key.key in params:
+            assert leaf.dtype == params[key.key].dtype, path
+            per_parameter += 1
+    assert per_parameter > 0 and per_parameter % len(params) == 0
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS, ids=list(OPTIMIZERS))
+def test_optimizers_accept_a_model_without_parameters(name: str) -> None:
+    tx = OPTIMIZERS[name]()
+    updates, _ = tx.update({}, tx.init({}), {})
+    assert apply_updates({}, updates) == {}
+
+
 def test_update_records_no_autograd_history_for_parameters_that_require_grad() -> None:
     params = {name: p.requires_grad_() for name, p in make_params().items()}
     tx = adamw(0.01)
@@ -424,11 +472,10 @@ def test_state_is_named_by_what_it_holds() -> None:
 
 def test_compiled_step_equals_eager_step() -> None:
     steps = 3
-    multipliers = warmup_then_cosine(steps)
-    tx = chain(
-        sgd(0.05, momentum=0.9, nesterov=True, weight_decay=0.01),
-        scale_by_schedule(table_schedule(multipliers)),
+    schedule = CosineAnnealingWithWarmupScheduler(t_warmup="2ba").resolve(
+        steps_per_epoch=steps, max_steps=steps
     )
+    tx = chain(sgd(0.05, momentum=0.9, nesterov=True, weight_decay=0.01), scale_by_schedule(schedule))
 
     def step(
         params: dict[str, Tensor], grads: dict[str, Tensor], state: Any
@@ -439,9 +486,11 @@ def test_compiled_step_equals_eager_step() -> None:
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     eager_params = compiled_params = make_params()
     eager_state = compiled_state = tx.init(eager_params)
-    for step_grads in make_grads(steps):
+    for index, step_grads in enumerate(make_grads(steps)):
         eager_params, eager_state = step(eager_params, step_grads, eager_state)
-        compiled_params, compiled_state = compiled(compiled_params, step_grads, compiled_state)
+        # Counts and schedule values are tensors, so later steps must reuse the first step's graph.
+        with torch.compiler.set_stance("fail_on_recompile" if index else "default"):
+            compiled_params, compiled_state = compiled(compiled_params, step_grads, compiled_state)
         for name in eager_params:
             torch.testing.assert_close(compiled_params[name], eager_params[name], rtol=0, atol=1e-6)
     for eager_leaf, compiled_leaf in zip(_leaves(eager_state), _leaves(compiled_state), strict=True):

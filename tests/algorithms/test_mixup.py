@@ -1,0 +1,121 @@
+"""MixUp: targets stay distributions, mixing 0 is the identity, draws are keyed, the algorithm equals the functions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+from composer_fn.algorithms import MixUp
+from composer_fn.core import random as R
+from composer_fn.core.engine import make_plan
+from composer_fn.functional import mixup_batch, mixup_params
+from composer_fn.testing import make_setup, train_steps
+
+seeds = st.integers(0, 2**32 - 1)
+sizes = st.integers(1, 9)
+classes = st.integers(2, 8)
+
+
+def _batch(seed: int, batch: int, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x = R.normal(R.fold_in(R.key(seed), 0), (batch, 2, 3, 3))
+    y = R.randint(R.fold_in(R.key(seed), 1), 0, num_classes, (batch,))
+    return x, y
+
+
+@given(seeds, sizes, classes, st.floats(0.01, 4.0))
+def test_mixed_targets_sum_to_one_and_mixing_keeps_the_original_dominant(seed, batch, num_classes, alpha) -> None:
+    x, y = _batch(seed, batch, num_classes)
+    _, mixed, mixing = mixup_batch(x, y, alpha=alpha, key=R.key(seed), num_classes=num_classes)
+    torch.testing.assert_close(mixed.sum(dim=1), torch.ones(batch), rtol=0, atol=1e-6)
+    assert 0.0 <= float(mixing) <= 0.5
+
+
+@given(seeds, sizes, classes)
+def test_zero_mixing_is_the_identity(seed, batch, num_classes) -> None:
+    x, y = _batch(seed, batch, num_classes)
+    mixed_x, mixed_y, _ = mixup_batch(x, y, mixing=0.0, key=R.key(seed), num_classes=num_classes)
+    assert torch.equal(mixed_x, x)
+    assert torch.equal(mixed_y, F.one_hot(y, num_classes).float())
+
+
+@given(seeds, sizes, classes, st.floats(0.0, 1.0))
+def test_mixed_inputs_follow_the_formula_and_lie_between_their_pair(seed, batch, num_classes, mixing) -> None:
+    x, y = _batch(seed, batch, num_classes)
+    indices = R.permutation(R.key(seed), batch)
+    mixed_x, mixed_y, _ = mixup_batch(x, y, mixing=mixing, indices=indices, num_classes=num_classes)
+    torch.testing.assert_close(mixed_x, (1 - mixing) * x + mixing * x[indices], rtol=1e-5, atol=1e-6)
+    low, high = torch.minimum(x, x[indices]), torch.maximum(x, x[indices])
+    assert (mixed_x >= low - 1e-6).all() and (mixed_x <= high + 1e-6).all()
+    one_hot = F.one_hot(y, num_classes).float()
+    torch.testing.assert_close(mixed_y, (1 - mixing) * one_hot + mixing * one_hot[indices], rtol=1e-5, atol=1e-6)
+
+
+@given(seeds, sizes, st.floats(0.01, 4.0))
+def test_the_same_key_gives_the_same_draws_and_other_keys_other_draws(seed, batch, alpha) -> None:
+    first, second = mixup_params(R.key(seed), 64, alpha=alpha), mixup_params(R.key(seed), 64, alpha=alpha)
+    assert torch.equal(first.mixing, second.mixing) and torch.equal(first.indices, second.indices)
+    other = mixup_params(R.key(seed ^ 1), 64, alpha=alpha)
+    assert not torch.equal(first.indices, other.indices)
+
+
+@given(seeds, sizes, classes)
+def test_mixup_batch_leaves_its_inputs_unchanged(seed, batch, num_classes) -> None:
+    x, y = _batch(seed, batch, num_classes)
+    copies, versions = (x.clone(), y.clone()), (x._version, y._version)
+    mixup_batch(x, y, alpha=1.0, key=R.key(seed), num_classes=num_classes)
+    assert torch.equal(x, copies[0]) and torch.equal(y, copies[1])
+    assert (x._version, y._version) == versions
+
+
+@given(seeds, sizes, classes, st.floats(0.0, 1.0))
+def test_interpolated_loss_equals_the_loss_on_mixed_targets_for_cross_entropy(seed, batch, num_classes, mixing):
+    logits = R.normal(R.fold_in(R.key(seed), 7), (batch, num_classes), dtype=torch.float64)
+    y = R.randint(R.fold_in(R.key(seed), 8), 0, num_classes, (batch,))
+    indices = R.permutation(R.key(seed), batch)
+    one_hot = F.one_hot(y, num_classes).double()
+    mixed = (1 - mixing) * one_hot + mixing * one_hot[indices]
+    interpolated = (1 - mixing) * F.cross_entropy(logits, y) + mixing * F.cross_entropy(logits, y[indices])
+    torch.testing.assert_close(F.cross_entropy(logits, mixed), interpolated)
+
+
+def test_the_algorithm_draws_exactly_what_mixup_params_draws_from_the_step_key() -> None:
+    algorithm = MixUp(alpha=0.4)
+    setup = make_setup([algorithm], seed=3, steps=1)
+    plan = make_plan(setup.algorithms)
+    from composer_fn.core.event import Event
+    from composer_fn.core.state import BatchMeta, StepCtx
+    from composer_fn.core.time import Timestamp
+
+    timestamp = Timestamp()
+    _, state = plan.host[Event.BATCH_START][0](setup.static, setup.state, timestamp, BatchMeta(8))
+    step_key = R.fold_in(R.key(3), 0)
+    ctx = StepCtx(batch=setup.batches[0], key=step_key, loss_fn=lambda o, b: o.sum())
+    _, ctx = plan.hooks[Event.BEFORE_FORWARD][0](state, ctx)
+    expected = mixup_params(R.fold_in(step_key, R.name_to_int("mixup")), 8, alpha=0.4)
+    assert torch.equal(state.algos["mixup"], expected.mixing)
+    assert torch.equal(ctx.scratch["mixup"], expected.indices)
+
+
+def test_interpolate_loss_trains_like_mixed_targets_for_cross_entropy() -> None:
+    _, mixed = train_steps(make_setup([MixUp(alpha=1.0)], seed=5))
+    _, interpolated = train_steps(make_setup([MixUp(alpha=1.0, interpolate_loss=True)], seed=5))
+    torch.testing.assert_close(torch.stack(mixed), torch.stack(interpolated), rtol=1e-5, atol=1e-6)
+
+
+def test_bad_arguments_name_the_argument_and_value() -> None:
+    x, y = _batch(0, 4, 3)
+    with pytest.raises(ValueError, match="alpha=-1"):
+        MixUp(alpha=-1)
+    with pytest.raises(ValueError, match="key is required"):
+        mixup_batch(x, y, num_classes=3)
+    with pytest.raises(ValueError, match="num_classes"):
+        mixup_batch(x, y, key=R.key(0))
+    with pytest.raises(ValueError, match="mixing=1.5"):
+        mixup_batch(x, y, mixing=1.5, key=R.key(0), num_classes=3)
+    with pytest.raises(ValueError, match="indices of shape"):
+        mixup_batch(x, y, mixing=0.2, indices=torch.arange(3), num_classes=3)
+    with pytest.raises(TypeError, match="floating-point"):
+        mixup_batch(y.reshape(4, 1).float().long(), y, key=R.key(0), num_classes=3)

@@ -1,0 +1,96 @@
+"""The functional step: pure, returns new BatchNorm statistics, and the compiled step equals the eager one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from composer_fn.algorithms import LabelSmoothing, MixUp
+from composer_fn.core.algorithm import Algorithm
+from composer_fn.core.engine import make_plan, run_host_event
+from composer_fn.core.event import Event
+from composer_fn.core.state import BatchMeta, State, StepCtx
+from composer_fn.core.time import Timestamp
+from composer_fn.optim import sgd
+from composer_fn.testing import make_setup
+from composer_fn.trainer.step import cross_entropy_loss, make_train_step
+
+
+@dataclass(frozen=True)
+class RecordDraws(Algorithm):
+    """Copies MixUp's permutation and the mixed input into its own state, so tests can compare draws."""
+
+    algorithm_name = "record_draws"
+
+    def init(self, static, state):
+        return {"indices": torch.zeros(8, dtype=torch.int64), "input": torch.zeros(8, 3, 8, 8)}
+
+    def traced_hooks(self):
+        return {Event.BEFORE_LOSS: self._record}
+
+    def _record(self, state: State, ctx: StepCtx):
+        record = {"indices": ctx.scratch["mixup"], "input": ctx.batch[0].detach()}
+        return state.replace(algos={**state.algos, self.name: record}), ctx
+
+
+def _one_step(algorithms, compile_backend=None):
+    setup = make_setup(algorithms, seed=11, steps=1)
+    plan = make_plan(setup.algorithms, timestamp=Timestamp())
+    static, state = run_host_event(Event.BATCH_START, plan, setup.static, setup.state, Timestamp(), BatchMeta(8))
+    step = make_train_step(
+        static, plan, cross_entropy_loss(), sgd(0.05, momentum=0.9), grad_mode="func" if compile_backend else "autograd"
+    )
+    if compile_backend:
+        step = torch.compile(step, backend=compile_backend, fullgraph=True, dynamic=False)
+    return state, step(state, setup.batches[0])
+
+
+@pytest.mark.slow
+def test_inductor_step_equals_eager_step_and_keyed_draws_are_bitwise_equal() -> None:
+    algorithms = [MixUp(alpha=0.5), LabelSmoothing(0.1), RecordDraws()]
+    _, (eager, eager_metrics) = _one_step(algorithms)
+    _, (compiled, compiled_metrics) = _one_step(algorithms, compile_backend="inductor")
+    assert torch.equal(eager.algos["record_draws"]["indices"], compiled.algos["record_draws"]["indices"])
+    torch.testing.assert_close(compiled_metrics["loss"], eager_metrics["loss"], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        compiled.algos["record_draws"]["input"], eager.algos["record_draws"]["input"], rtol=1e-6, atol=1e-6
+    )
+    for name in eager.params:
+        torch.testing.assert_close(compiled.params[name], eager.params[name], rtol=1e-6, atol=1e-6)
+    for name in eager.buffers:
+        torch.testing.assert_close(compiled.buffers[name], eager.buffers[name], rtol=1e-6, atol=1e-6)
+    assert torch.equal(compiled.step, eager.step)
+
+
+def test_autograd_and_func_gradients_give_the_same_step() -> None:
+    setup = make_setup([MixUp(alpha=0.5), LabelSmoothing()], seed=2, steps=1)
+    plan = make_plan(setup.algorithms)
+    _, state = run_host_event(Event.BATCH_START, plan, setup.static, setup.state, Timestamp(), BatchMeta(8))
+    results = [
+        make_train_step(setup.static, plan, cross_entropy_loss(), sgd(0.05), grad_mode=mode)(state, setup.batches[0])
+        for mode in ("autograd", "func")
+    ]
+    for name in state.params:
+        torch.testing.assert_close(results[0][0].params[name], results[1][0].params[name], rtol=1e-6, atol=1e-7)
+
+
+def test_batchnorm_statistics_come_back_as_new_buffers_and_the_input_state_is_untouched() -> None:
+    setup = make_setup([], steps=1)
+    before = {n: b.clone() for n, b in setup.state.buffers.items()}
+    state, _ = make_train_step(setup.static, make_plan(()), cross_entropy_loss(), sgd(0.1))(
+        setup.state, setup.batches[0]
+    )
+    means = [n for n in before if n.endswith("running_mean")]
+    assert means and all(not torch.equal(state.buffers[n], before[n]) for n in means)
+    for name, buffer in setup.state.buffers.items():
+        assert torch.equal(buffer, before[name])
+        assert state.buffers[name] is not buffer
+    assert int(state.step) == 1 and int(setup.state.step) == 0
+
+
+def test_an_unknown_gradient_mode_is_rejected() -> None:
+    setup = make_setup([], steps=1)
+    with pytest.raises(ValueError, match="grad_mode='jax'"):
+        make_train_step(setup.static, make_plan(()), cross_entropy_loss(), sgd(0.1), grad_mode="jax")
