@@ -75,7 +75,9 @@ class PeerError(RuntimeError):
 
 def find_peer_python(explicit: str | None = None) -> str | None:
     """Returns the peer interpreter's path, or None when no peer environment is present."""
-    candidates = [explicit, os.environ.get("PEER_PYTHON")]
+    if explicit:
+        return explicit if os.access(explicit, os.X_OK) else None
+    candidates = [os.environ.get("PEER_PYTHON")]
     candidates.append(str(Path(os.environ.get("PEER_VENV", "/tmp/peer-venv")) / "bin" / "python"))
     for candidate in candidates:
         if candidate and os.access(candidate, os.X_OK):
@@ -222,7 +224,9 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: st
     table = [list(header)] + [list(row) for row in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     align = align or "<" + ">" * (len(header) - 1)
-    lines = ["  ".join(f"{cell:{a}{w}}" for cell, a, w in zip(row, align, widths, strict=True)) for row in table]
+    lines = [
+        "  ".join(f"{cell:{a}{w}}" for cell, a, w in zip(row, align, widths, strict=True)) for row in table
+    ]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(line.rstrip() for line in lines)
 

@@ -139,7 +139,7 @@ def _build_plan(
     hooks: dict[Event, tuple[Hook, ...]] = {}
     host: dict[Event, tuple[HostHook, ...]] = {}
     for event in Event:
-        selected: Sequence[Algorithm] = [a for a, events in zip(algorithms, matched) if event in events]
+        selected: Sequence[Algorithm] = [a for a, events in zip(algorithms, matched, strict=True) if event in events]
         if not selected:
             continue
         for apply_pass in passes:
@@ -242,6 +242,7 @@ def dry_run(
     step_keys = set()
     timestamp = Timestamp()
     epoch_start_names: tuple[tuple[Event, tuple[str, ...]], ...] = ()
+    names: tuple[tuple[Event, tuple[str, ...]], ...]
     for step in range(total):
         if timestamp.batch_in_epoch == 0:
             plan = make_plan(algorithms, passes, timestamp)
@@ -261,12 +262,10 @@ def dry_run(
             epoch_end_names = tuple((e, epoch_plan.names(e)) for e in _EPOCH_END_EVENTS)
             per_epoch.append((timestamp.epoch, epoch_start_names + epoch_end_names))
             timestamp = timestamp.next_epoch()
-    for first, last, names in _spans(per_epoch):
-        when = f"ep {first}" if first == last else f"ep {first}-{last}"
-        rows.extend(DryRunRow(when, e, n) for e, n in names if n)  # type: ignore[union-attr]
-    for first, last, names in _spans(per_batch):
-        when = f"ba {first}" if first == last else f"ba {first}-{last}"
-        rows.extend(DryRunRow(when, e, n) for e, n in names if n)  # type: ignore[union-attr]
+    for unit, labels in (("ep", per_epoch), ("ba", per_batch)):
+        for first, last, span_names in _spans(labels):
+            when = f"{unit} {first}" if first == last else f"{unit} {first}-{last}"
+            rows.extend(DryRunRow(when, e, n) for e, n in span_names if n)  # type: ignore[attr-defined]
     end = make_plan(algorithms, passes, timestamp)
     rows.extend(DryRunRow("end", e, end.names(e)) for e in (Event.FIT_END,) if end.names(e))
     return DryRun(tuple(rows), max(len(step_keys), 1), total, tuple(dict.fromkeys(diagnostics)))

@@ -95,9 +95,10 @@ def make_train_step(
         return ctx.loss, (state, ctx)
 
     differentiate = grad_and_value(loss_and_aux, has_aux=True)
+    keyed = bool(plan.hooks)
 
     def train_step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
-        ctx = StepCtx(batch=batch, key=R.fold_in(state.key, state.step), loss_fn=loss_fn)
+        ctx = StepCtx(batch=batch, key=_step_key(state, keyed), loss_fn=loss_fn)
         state, ctx = run_event(Event.AFTER_DATALOADER, plan, state, ctx)
         state, ctx = run_event(Event.BEFORE_TRAIN_BATCH, plan, state, ctx)
         if grad_mode == "func":
@@ -121,6 +122,12 @@ def make_train_step(
     return train_step
 
 
+def _step_key(state: State, keyed: bool) -> Tensor:
+    # Deriving the key is a dozen small integer ops, a measurable share of an eager step on a small model:
+    # only steps whose plan runs a traced hook (the only readers of ctx.key) pay for it.
+    return R.fold_in(state.key, state.step) if keyed else state.key
+
+
 def _detach(outputs: Any) -> Any:
     return outputs.detach() if isinstance(outputs, Tensor) else outputs
 
@@ -133,8 +140,10 @@ def make_eval_step(
     The module's train/eval mode is the caller's (the trainer puts it in eval mode first).
     """
 
+    keyed = bool(plan.hooks)
+
     def eval_step(state: State, batch: Any) -> Tensor:
-        ctx = StepCtx(batch=batch, key=R.fold_in(state.key, state.step), loss_fn=_no_loss)
+        ctx = StepCtx(batch=batch, key=_step_key(state, keyed), loss_fn=_no_loss)
         state, ctx = run_event(Event.EVAL_BEFORE_FORWARD, plan, state, ctx)
         with torch.no_grad(), precision_context(static):
             outputs = functional_call(

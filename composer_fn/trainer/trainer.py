@@ -220,6 +220,7 @@ class Trainer:
     def _counting_backend(self) -> Callable[..., Any]:
         from torch._dynamo import lookup_backend
 
+        assert self.compile is not None
         inner = lookup_backend(self.compile)
 
         def backend(graph: Any, example_inputs: Any) -> Any:
@@ -334,8 +335,10 @@ class Trainer:
             self._save()
         self.metrics["wall_time"] = time.perf_counter() - start
         self._log({"kind": "fit", "step": self.timestamp.batch, "wall_time": self.metrics["wall_time"]})
-        for observer in (*self.callbacks, *self.loggers):
-            observer.close()
+        for callback in self.callbacks:
+            callback.close()
+        for logger in self.loggers:
+            logger.close()
         return dict(self.metrics)
 
     def _log_train(self, loss: Tensor | None, samples_per_second: float, bar: Any) -> None:
