@@ -48,10 +48,16 @@ REGISTRY: dict[str, type[Algorithm]] = {}
 _A = TypeVar("_A", bound="type[Algorithm]")
 
 
+_NAMES: dict[type, str] = {}
+
+
 def _registered_name(cls: type[Algorithm]) -> str:
-    if cls.algorithm_name:
-        return cls.algorithm_name
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", cls.__name__).lower()
+    # Read on every make_plan call; the regular expression runs once per class.
+    name = _NAMES.get(cls)
+    if name is None:
+        name = cls.algorithm_name or re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", cls.__name__).lower()
+        _NAMES[cls] = name
+    return name
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from composer_fn.core.algorithm import Algorithm, Hook, HostHook
 from composer_fn.core.event import TRAIN_STEP_EVENTS, Event
@@ -38,7 +39,6 @@ BATCH_HOST_EVENTS_AFTER: tuple[Event, ...] = (Event.BATCH_END, Event.BATCH_CHECK
 """Host events of one batch that run after the step, matched at the timestamp after the batch."""
 
 _EPOCH_START_EVENTS: tuple[Event, ...] = (Event.EPOCH_START,)
-_EPOCH_END_EVENTS: tuple[Event, ...] = (Event.EPOCH_END, Event.EPOCH_CHECKPOINT)
 
 
 @dataclass(frozen=True)
@@ -148,10 +148,21 @@ def _build_plan(
             diagnostics.extend(check(selected, event))
         order.append((event, tuple(a.name for a in selected)))
         if event.traced:
-            hooks[event] = tuple(a.traced_hooks()[event] for a in selected)
+            hooks[event] = tuple(_hook(a, event, a.traced_hooks(), "traced_hooks") for a in selected)
         else:
-            host[event] = tuple(a.host_hooks()[event] for a in selected)
+            host[event] = tuple(_hook(a, event, a.host_hooks(), "host_hooks") for a in selected)
     return Plan(tuple(order), keys, tuple(dict.fromkeys(diagnostics)), hooks, host)
+
+
+def _hook(algorithm: Algorithm, event: Event, hooks: Mapping[Event, Any], where: str) -> Any:
+    if event not in hooks:
+        kind = "a traced" if event.traced else "a host"
+        raise ValueError(
+            f"algorithm {algorithm.name!r} hooks {event.name}, which is {kind} event, but not in {where}(); "
+            f"traced events take (State, StepCtx) hooks in traced_hooks(), host events take host hooks in "
+            "host_hooks()"
+        )
+    return hooks[event]
 
 
 def _fold(pair: tuple[State, StepCtx], hook: Hook) -> tuple[State, StepCtx]:
@@ -257,11 +268,20 @@ def dry_run(
             + [(e, after.names(e)) for e in BATCH_HOST_EVENTS_AFTER]
         )
         per_batch.append((step, names))
-        if timestamp.batch_in_epoch == steps_per_epoch or step == total - 1:
-            epoch_plan = make_plan(algorithms, passes, timestamp)
-            epoch_end_names = tuple((e, epoch_plan.names(e)) for e in _EPOCH_END_EVENTS)
+        epoch_done = timestamp.batch_in_epoch == steps_per_epoch
+        if epoch_done or step == total - 1:
+            # As in the trainer: EPOCH_END is matched at the epoch's last timestamp, EPOCH_CHECKPOINT at the
+            # start of the next epoch, and a run that stops mid-epoch ends no epoch.
+            epoch_end_names: tuple[tuple[Event, tuple[str, ...]], ...] = ()
+            if epoch_done:
+                following = timestamp.next_epoch()
+                epoch_end_names = (
+                    (Event.EPOCH_END, make_plan(algorithms, passes, timestamp).names(Event.EPOCH_END)),
+                    (Event.EPOCH_CHECKPOINT, make_plan(algorithms, passes, following).names(Event.EPOCH_CHECKPOINT)),
+                )
             per_epoch.append((timestamp.epoch, epoch_start_names + epoch_end_names))
-            timestamp = timestamp.next_epoch()
+            if epoch_done:
+                timestamp = timestamp.next_epoch()
     for unit, labels in (("ep", per_epoch), ("ba", per_batch)):
         for first, last, span_names in _spans(labels):
             when = f"{unit} {first}" if first == last else f"{unit} {first}-{last}"

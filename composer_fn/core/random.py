@@ -112,11 +112,31 @@ def _fold(word0: Tensor, word1: Tensor, data: Tensor) -> tuple[Tensor, Tensor]:
     return new0, new1
 
 
+def _host_readable(k: Key, data: int | Tensor) -> bool:
+    if k.shape != (2,) or k.device.type != "cpu" or torch.compiler.is_compiling():
+        return False
+    if torch._C._functorch.is_functorch_wrapped_tensor(k):
+        return False
+    if isinstance(data, int):
+        return True
+    return (
+        data.dim() == 0
+        and data.device.type == "cpu"
+        and not data.is_floating_point()
+        and not torch._C._functorch.is_functorch_wrapped_tensor(data)
+    )
+
+
 def fold_in(k: Key, data: int | Tensor) -> Key:
     """Returns a new key derived from ``k`` and the integer ``data`` (a Python int or an int tensor).
 
     ``data`` is taken modulo ``2**32``. Batched keys and batched data broadcast against each other.
     """
+    if _host_readable(k, data):
+        # Eager on the CPU, a single key is folded on Python ints (the host mirror, the same bits) instead
+        # of some forty tiny tensor operations.
+        word0, word1 = k.tolist()
+        return torch.tensor(host_fold_in((word0, word1), int(data)), dtype=torch.int64)
     if isinstance(data, int):
         data_t = torch.tensor(data & _MASK, dtype=torch.int64, device=k.device)
     else:
@@ -202,9 +222,13 @@ def uniform(
 
 
 def normal(k: Key, shape: Sequence[int] | int, *, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Returns standard normal samples of ``shape`` (Box-Muller in float32, cast to ``dtype``)."""
+    """Returns standard normal samples of ``shape`` (Box-Muller from float32 uniforms, cast to ``dtype``).
+
+    The transcendental functions run in float64 and the result is rounded once to ``dtype``: float32
+    ``log``/``cos`` are vectorised differently by compilers, float64 results rounded to float32 agree.
+    """
     dims = _shape(shape)
-    pair = uniform(k, dims + (2,), dtype=torch.float32)
+    pair = uniform(k, dims + (2,), dtype=torch.float32).to(torch.float64)
     radius = torch.sqrt(-2.0 * torch.log1p(-pair[..., 0]))
     return (radius * torch.cos((2.0 * math.pi) * pair[..., 1])).to(dtype)
 

@@ -264,7 +264,9 @@ def batch_set(batch: Any, key: int | str, value: Any) -> Any:
             raise KeyError(f"batch has no position {key!r}; it holds {len(batch)} items")
         items = list(batch)
         items[key] = value
-        return type(batch)(items) if isinstance(batch, list) else tuple(items)
+        if isinstance(batch, list):
+            return type(batch)(items)
+        return type(batch)(*items) if hasattr(batch, "_fields") else tuple(items)
     raise TypeError(f"batch of type {type(batch).__name__} cannot be updated: expected a tuple, list or mapping")
 
 

@@ -134,6 +134,14 @@ def scale(factor: float) -> GradientTransformation:
     return GradientTransformation(init, update)
 
 
+def _readable_on_host(tensor: Tensor) -> bool:
+    return (
+        tensor.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and not torch._C._functorch.is_functorch_wrapped_tensor(tensor)
+    )
+
+
 def scale_by_schedule(schedule: ScheduleMultiplier) -> GradientTransformation:
     """Returns a transform that scales updates by a schedule of the update count: ``u ← s(t) · u``.
 
@@ -154,6 +162,12 @@ def scale_by_schedule(schedule: ScheduleMultiplier) -> GradientTransformation:
         if not updates:
             return {}, ScaleByScheduleState(count=state.count + 1)
         with torch.no_grad():
+            if _readable_on_host(state.count):
+                # Eager on the CPU the count can be read for free: the schedule runs on a Python int, and a
+                # multiplier of exactly 1 (a constant schedule) needs no multiplication at all.
+                value = float(schedule(int(state.count)))  # type: ignore[arg-type]
+                scaled = list(updates.values()) if value == 1.0 else torch._foreach_mul(list(updates.values()), value)
+                return dict(zip(updates.keys(), scaled, strict=True)), ScaleByScheduleState(count=state.count + 1)
             multiplier = schedule(state.count)
             if isinstance(multiplier, Tensor):
                 if multiplier.dim() != 0:
@@ -231,22 +245,23 @@ def trace(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> Gr
         grads = list(updates.values())
         buffers = _state_tensors(state.momentum_buffer, updates)
         with torch.no_grad():
-            # The coefficients, not the buffers, switch on the first step: 0·b + 1·g is g exactly, so one
-            # foreach expression serves every step with no branch on a tensor value.
-            first = state.count == 0
-            dtype = scalar_dtype(grads)
-            buffer_weight = torch.where(
-                first, torch.zeros_like(first, dtype=dtype), torch.full_like(first, momentum, dtype=dtype)
-            )
-            new_buffers = torch._foreach_mul(buffers, buffer_weight)
             if dampening == 0.0:
-                torch._foreach_add_(new_buffers, grads)
+                # The buffers start at zero, so m·0 + g is g exactly on the first step: no switch needed.
+                new_buffers = torch._foreach_add(grads, buffers, alpha=momentum)
             else:
+                # With dampening the first step differs, so the coefficients switch on the count: 0·b + 1·g
+                # is g exactly, and one foreach expression serves every step with no branch on a tensor.
+                first = state.count == 0
+                dtype = scalar_dtype(grads)
+                buffer_weight = torch.where(
+                    first, torch.zeros_like(first, dtype=dtype), torch.full_like(first, momentum, dtype=dtype)
+                )
                 grad_weight = torch.where(
                     first,
                     torch.ones_like(first, dtype=dtype),
                     torch.full_like(first, 1.0 - dampening, dtype=dtype),
                 )
+                new_buffers = torch._foreach_mul(buffers, buffer_weight)
                 torch._foreach_add_(new_buffers, torch._foreach_mul(grads, grad_weight))
             directions = torch._foreach_add(grads, new_buffers, alpha=momentum) if nesterov else new_buffers
             count = state.count + 1

@@ -53,6 +53,13 @@ def _interval(value: str | int | Time | None, argument: str) -> Time | None:
     return interval
 
 
+def _batches_between(interval: Time | None) -> int:
+    """Returns the period in batches of an interval counted in batches, and 0 for any other interval."""
+    if interval is None or interval.unit is not TimeUnit.BATCH:
+        return 0
+    return int(interval.value)
+
+
 def _batch_size(batch: Any, input_key: int | str) -> int:
     size = batch_get(batch, input_key).shape[0]
     return int(size)
@@ -158,9 +165,13 @@ class Trainer:
         if optimizer is None:
             warnings.warn("no optimizer given: using sgdw(learning_rate=0.1)", stacklevel=2)
             optimizer = sgdw(0.1)
-        schedule = schedule if schedule is not None else ConstantScheduler()
-        self.lr_multiplier = schedule.resolve(steps_per_epoch=self.steps_per_epoch, max_steps=self.max_steps)
-        self.tx = chain(optimizer, scale_by_schedule(self.lr_multiplier))
+        if schedule is None:
+            # No schedule: the optimizer's own learning rate throughout, and no per-step multiplication.
+            self.lr_multiplier = ConstantScheduler().resolve(steps_per_epoch=self.steps_per_epoch, max_steps=1)
+            self.tx = optimizer
+        else:
+            self.lr_multiplier = schedule.resolve(steps_per_epoch=self.steps_per_epoch, max_steps=self.max_steps)
+            self.tx = chain(optimizer, scale_by_schedule(self.lr_multiplier))
 
         target_device = torch.device(device) if device is not None else _default_device()
         structure = copy.deepcopy(model).to(target_device).train()
@@ -284,6 +295,12 @@ class Trainer:
         )
         start = time.perf_counter()
         window_start, window_samples = start, 0
+        listening = bool(self._handlers)
+        log_every = _batches_between(self.log_interval) or self.max_steps + 1
+        eval_every, save_every = _batches_between(self.eval_interval), _batches_between(self.save_interval)
+        step_plan: Plan | None = None
+        step_static: Static | None = None
+        step: StepFn = self._train_step(self._plan(self.timestamp))
         loss: Tensor | None = None
         saved_at = -1
         try:
@@ -293,25 +310,32 @@ class Trainer:
                     self._host_event(Event.EPOCH_START, plan)
                 for raw in self._batches():
                     plan = self._plan(self.timestamp)
-                    self._host_event(Event.BEFORE_DATALOADER, plan)
                     batch = self._to_device(raw)
                     size = _batch_size(batch, self.input_key)
-                    self._host_event(Event.BATCH_START, plan, BatchMeta(size))
-                    self.state, outputs = self._train_step(plan)(self.state, batch)
+                    if plan.host or listening:
+                        self._host_event(Event.BEFORE_DATALOADER, plan)
+                        self._host_event(Event.BATCH_START, plan, BatchMeta(size))
+                    if plan is not step_plan or self.static is not step_static:
+                        step, step_plan, step_static = self._train_step(plan), plan, self.static
+                    self.state, outputs = step(self.state, batch)
                     loss = outputs["loss"]
                     self.timestamp = self.timestamp.advance(size)
                     window_samples += size
-                    bar.update(1)
+                    if self.progress_bar:
+                        bar.update(1)
                     plan = self._plan(self.timestamp)
-                    if self._due(self.log_interval, TimeUnit.BATCH) or self.timestamp.batch == self.max_steps:
+                    batches_done = self.timestamp.batch
+                    if batches_done % log_every == 0 or batches_done == self.max_steps:
                         now = time.perf_counter()
                         self._log_train(loss, window_samples / max(now - window_start, 1e-9), bar)
                         window_start, window_samples = now, 0
-                    self._host_event(Event.BATCH_END, plan)
-                    if self._due(self.eval_interval, TimeUnit.BATCH):
+                    if plan.host or listening:
+                        self._host_event(Event.BATCH_END, plan)
+                    if eval_every and batches_done % eval_every == 0:
                         self._evaluate()
-                    self._host_event(Event.BATCH_CHECKPOINT, plan)
-                    if self._due(self.save_interval, TimeUnit.BATCH):
+                    if plan.host or listening:
+                        self._host_event(Event.BATCH_CHECKPOINT, plan)
+                    if save_every and batches_done % save_every == 0:
                         saved_at = self._save()
                     if self.timestamp.batch >= self.max_steps:
                         break

@@ -76,6 +76,21 @@ def test_autograd_and_func_gradients_give_the_same_step() -> None:
         torch.testing.assert_close(results[0][0].params[name], results[1][0].params[name], rtol=1e-6, atol=1e-7)
 
 
+def test_a_step_without_algorithms_is_the_same_in_both_gradient_modes() -> None:
+    setup = make_setup([], seed=4, steps=1)
+    plan = make_plan(())
+    results = [
+        make_train_step(setup.static, plan, cross_entropy_loss(), sgd(0.05, momentum=0.9), grad_mode=mode)(
+            setup.state, setup.batches[0]
+        )
+        for mode in ("autograd", "func")
+    ]
+    torch.testing.assert_close(results[0][1]["loss"], results[1][1]["loss"], rtol=0, atol=0)
+    for field in ("params", "buffers"):
+        for name, tensor in getattr(results[0][0], field).items():
+            torch.testing.assert_close(tensor, getattr(results[1][0], field)[name], rtol=1e-6, atol=1e-7)
+
+
 def test_batchnorm_statistics_come_back_as_new_buffers_and_the_input_state_is_untouched() -> None:
     setup = make_setup([], steps=1)
     before = {n: b.clone() for n, b in setup.state.buffers.items()}
