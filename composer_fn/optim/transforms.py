@@ -142,7 +142,7 @@ def _readable_on_host(tensor: Tensor) -> bool:
     )
 
 
-def scale_by_schedule(schedule: ScheduleMultiplier) -> GradientTransformation:
+def scale_by_schedule(schedule: ScheduleMultiplier, *, host_evaluable: bool = False) -> GradientTransformation:
     """Returns a transform that scales updates by a schedule of the update count: ``u ← s(t) · u``.
 
     ``t`` is the 0-d ``int64`` count of updates made before this one (0 on the first update) and ``s(t)`` a
@@ -162,7 +162,7 @@ def scale_by_schedule(schedule: ScheduleMultiplier) -> GradientTransformation:
         if not updates:
             return {}, ScaleByScheduleState(count=state.count + 1)
         with torch.no_grad():
-            if _readable_on_host(state.count):
+            if host_evaluable and _readable_on_host(state.count):
                 # Eager on the CPU the count can be read for free: the schedule runs on a Python int, and a
                 # multiplier of exactly 1 (a constant schedule) needs no multiplication at all.
                 value = float(schedule(int(state.count)))  # type: ignore[arg-type]

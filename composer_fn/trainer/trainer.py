@@ -171,7 +171,7 @@ class Trainer:
             self.tx = optimizer
         else:
             self.lr_multiplier = schedule.resolve(steps_per_epoch=self.steps_per_epoch, max_steps=self.max_steps)
-            self.tx = chain(optimizer, scale_by_schedule(self.lr_multiplier))
+            self.tx = chain(optimizer, scale_by_schedule(self.lr_multiplier, host_evaluable=True))
 
         target_device = torch.device(device) if device is not None else _default_device()
         structure = copy.deepcopy(model).to(target_device).train()
