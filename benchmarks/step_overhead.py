@@ -126,7 +126,7 @@ def mlp_task() -> Task:
 
 def cnn_task() -> Task:
     """Returns the digits-CNN task: the embedded digits, batch 128, the partial batch dropped."""
-    return Task("digits CNN", lambda: SmallCNN(1, 10), load_digits_task().train, 128, True, 1, 6)
+    return Task("digits CNN", lambda: SmallCNN(1, 10), load_digits_task().train, 128, True, 1, 16)
 
 
 # -- our loops -----------------------------------------------------------------------------------------------

@@ -317,9 +317,10 @@ class Trainer:
                         self._host_event(Event.BATCH_START, plan, BatchMeta(size))
                     if plan is not step_plan or self.static is not step_static:
                         step, step_plan, step_static = self._train_step(plan), plan, self.static
+                    began = time.perf_counter()
                     self.state, outputs = step(self.state, batch)
                     loss = outputs["loss"]
-                    self.timestamp = self.timestamp.advance(size)
+                    self.timestamp = self.timestamp.advance(size, duration=time.perf_counter() - began)
                     window_samples += size
                     if self.progress_bar:
                         bar.update(1)

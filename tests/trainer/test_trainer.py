@@ -138,6 +138,13 @@ def test_callbacks_see_the_events_in_loop_order_and_counts() -> None:
     assert events[first_end - 1] == Event.BATCH_START and events[first_end + 1] == Event.BATCH_CHECKPOINT
 
 
+def test_the_timestamp_counts_samples_and_wall_clock_time() -> None:
+    trainer = _trainer(max_duration="3ba")
+    trainer.fit()
+    assert trainer.timestamp.sample == 3 * 64 and trainer.timestamp.batch == 3
+    assert trainer.timestamp.total_wct > 0 and trainer.timestamp.batch_wct > 0
+
+
 def test_eval_reports_accuracy_and_leaves_the_state_alone() -> None:
     trainer = _trainer(max_duration="1ep")
     trainer.fit()
