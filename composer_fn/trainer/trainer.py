@@ -298,9 +298,8 @@ class Trainer:
         listening = bool(self._handlers)
         log_every = _batches_between(self.log_interval) or self.max_steps + 1
         eval_every, save_every = _batches_between(self.eval_interval), _batches_between(self.save_interval)
-        step_plan: Plan | None = None
-        step_static: Static | None = None
-        step: StepFn = self._train_step(self._plan(self.timestamp))
+        step_plan, step_static = self._plan(self.timestamp), self.static
+        step: StepFn = self._train_step(step_plan)
         loss: Tensor | None = None
         saved_at = -1
         try:
@@ -308,6 +307,7 @@ class Trainer:
                 plan = self._plan(self.timestamp)
                 if self.timestamp.batch_in_epoch == 0:
                     self._host_event(Event.EPOCH_START, plan)
+                epoch_began_at = self.timestamp.batch
                 for raw in self._batches():
                     plan = self._plan(self.timestamp)
                     batch = self._to_device(raw)
@@ -342,6 +342,11 @@ class Trainer:
                         break
                 if self.timestamp.batch_in_epoch < self.steps_per_epoch and self.timestamp.batch >= self.max_steps:
                     break
+                if self.timestamp.batch == epoch_began_at:
+                    raise ValueError(
+                        f"train_dataloader yielded no batch in epoch {self.timestamp.epoch} although its length is "
+                        f"{self.steps_per_epoch}"
+                    )
                 self._host_event(Event.EPOCH_END, plan)
                 if self._due(self.eval_interval, TimeUnit.EPOCH):
                     self._evaluate()

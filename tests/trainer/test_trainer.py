@@ -185,6 +185,19 @@ def test_a_loader_without_length_is_refused() -> None:
         Trainer(MLP(64, 10), iter([]), max_duration="1ep", optimizer=optim.sgd(0.1))
 
 
+def test_a_loader_that_yields_nothing_is_reported_instead_of_looping() -> None:
+    class Empty:
+        def __len__(self) -> int:
+            return 3
+
+        def __iter__(self):
+            return iter(())
+
+    trainer = Trainer(MLP(64, 10), Empty(), max_duration="1ep", optimizer=optim.sgd(0.1), progress_bar=False)
+    with pytest.raises(ValueError, match="yielded no batch in epoch 0"):
+        trainer.fit()
+
+
 def test_the_trainer_keeps_the_global_random_state() -> None:
     state = torch.random.get_rng_state()
     _trainer(algorithms=[MixUp()], max_duration="3ba").fit()
