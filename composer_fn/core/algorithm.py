@@ -8,7 +8,12 @@ An algorithm keeps no state on itself. Whatever it must carry between steps live
 - ``host_hooks()`` maps host events to ``(Static, State, Timestamp, BatchMeta | None) -> (Static, State)``:
   surgery, schedules written into ``hparams``, parameters sampled on the host.
 - ``match(event, timestamp)`` decides from Python values *whether* a hook runs at that time.
+- ``plan_key(timestamp, meta)`` names any shape-affecting choice (an image size, a sequence length); the engine
+  resolves the traced hooks for it with ``traced_hooks_at(plan_key)``, so a hook can bind it as a Python value,
+  and each distinct value compiles one step.
 - ``requires`` declares what the trainer must provide (e.g. ``"per_sample_loss"``), as data.
+- ``modality`` says what batches the algorithm transforms (``"image"`` or ``"tokens"``), so the contract
+  suite builds a matching set-up.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ __all__ = [
     "HostHook",
     "REGISTRY",
     "REQUIREMENTS",
+    "MODALITIES",
     "register",
     "algorithm_from_config",
     "algorithms_from_json",
@@ -41,6 +47,9 @@ HostHook = Callable[[Static, State, Timestamp, BatchMeta | None], tuple[Static, 
 
 REQUIREMENTS: frozenset[str] = frozenset({"per_sample_loss", "extra_forward", "loss_closure"})
 """What an algorithm may ask of the trainer in ``requires``."""
+
+MODALITIES: tuple[str, ...] = ("image", "tokens")
+"""The kinds of batch an algorithm may declare in ``modality``."""
 
 REGISTRY: dict[str, type[Algorithm]] = {}
 """Every registered algorithm class by its name; the contract suite walks it."""
@@ -73,10 +82,18 @@ class Algorithm:
     algorithm_name: ClassVar[str | None] = None
     """The registered name; the snake-case class name when not given (``MixUp`` sets ``"mixup"``)."""
 
+    modality: ClassVar[str] = "image"
+    """What batches it works on: ``"image"`` (``[B, C, H, W]`` inputs, class targets) or ``"tokens"``."""
+
     @property
     def name(self) -> str:
         """Returns the key of this algorithm's entry in ``State.algos`` and in traces."""
         return _registered_name(type(self))
+
+    @property
+    def stochastic(self) -> bool:
+        """Returns whether its effect depends on the random key (the contract suite checks either way)."""
+        return False
 
     @property
     def interpolates_loss(self) -> bool:
@@ -99,9 +116,16 @@ class Algorithm:
         """Returns whether the hook for ``event`` runs at ``timestamp`` (only asked for events it hooks)."""
         return True
 
-    def plan_key(self, timestamp: Timestamp) -> Hashable:
-        """Returns any shape-affecting choice at ``timestamp``; a new value compiles a new step."""
+    def plan_key(self, timestamp: Timestamp, meta: BatchMeta | None = None) -> Hashable:
+        """Returns any shape-affecting choice at ``timestamp`` for the coming batch; a new value compiles a new step.
+
+        ``meta`` describes the coming batch when the caller knows it (the trainer always does).
+        """
         return ()
+
+    def traced_hooks_at(self, plan_key: Hashable) -> Mapping[Event, Hook]:
+        """Returns the traced hooks specialised to ``plan_key`` (the value ``plan_key()`` returned)."""
+        return self.traced_hooks()
 
     def init(self, static: Static, state: State) -> Any:
         """Returns the initial entry of ``State.algos[self.name]`` (None when the algorithm needs none)."""
@@ -125,6 +149,8 @@ def register(cls: _A) -> _A:
     """Returns ``cls`` after adding it to ``REGISTRY`` under its name (a class decorator)."""
     if not (dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen):  # type: ignore[attr-defined]
         raise TypeError(f"{cls.__name__} must be a frozen dataclass to be registered as an algorithm")
+    if cls.modality not in MODALITIES:
+        raise ValueError(f"{cls.__name__}.modality={cls.modality!r}; accepted: {', '.join(MODALITIES)}")
     unknown = cls.requires - REQUIREMENTS
     if unknown:
         raise ValueError(f"{cls.__name__}.requires holds {sorted(unknown)}; accepted: {sorted(REQUIREMENTS)}")

@@ -17,7 +17,7 @@ from composer_fn.core.algorithm import Algorithm, Hook, HostHook
 from composer_fn.core.event import TRAIN_STEP_EVENTS, Event
 from composer_fn.core.passes import DEFAULT_CHECKS, DEFAULT_PASSES, Check, Pass
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx
-from composer_fn.core.time import Time, Timestamp, to_steps
+from composer_fn.core.time import Time, Timestamp, TimeUnit, to_steps
 
 __all__ = [
     "Plan",
@@ -113,16 +113,18 @@ def make_plan(
     passes: Sequence[Pass] = DEFAULT_PASSES,
     timestamp: Timestamp | None = None,
     checks: Sequence[Check] = DEFAULT_CHECKS,
+    meta: BatchMeta | None = None,
 ) -> Plan:
     """Returns the plan for ``timestamp``: for each event, the matching algorithms ordered by the passes.
 
-    Plans are memoized by the match results and plan keys, so calling this every step costs little.
+    ``meta`` describes the coming batch, for algorithms whose plan key depends on its shape. Plans are
+    memoized by the match results and plan keys, so calling this every step costs little.
     """
     algorithms = tuple(algorithms)
     _check_names(algorithms)
     now = timestamp if timestamp is not None else Timestamp()
     matched = tuple(tuple(e for e in _hooked_events(a) if a.match(e, now)) for a in algorithms)
-    keys = tuple((a.name, a.plan_key(now)) for a in algorithms)
+    keys = tuple((a.name, a.plan_key(now, meta)) for a in algorithms)
     return _build_plan(algorithms, tuple(passes), tuple(checks), matched, keys)
 
 
@@ -138,6 +140,7 @@ def _build_plan(
     diagnostics: list[str] = []
     hooks: dict[Event, tuple[Hook, ...]] = {}
     host: dict[Event, tuple[HostHook, ...]] = {}
+    traced_hooks = {a.name: _traced_hooks_at(a, key) for a, (_, key) in zip(algorithms, keys, strict=True)}
     for event in Event:
         selected: Sequence[Algorithm] = [a for a, events in zip(algorithms, matched, strict=True) if event in events]
         if not selected:
@@ -148,10 +151,21 @@ def _build_plan(
             diagnostics.extend(check(selected, event))
         order.append((event, tuple(a.name for a in selected)))
         if event.traced:
-            hooks[event] = tuple(_hook(a, event, a.traced_hooks(), "traced_hooks") for a in selected)
+            hooks[event] = tuple(_hook(a, event, traced_hooks[a.name], "traced_hooks") for a in selected)
         else:
             host[event] = tuple(_hook(a, event, a.host_hooks(), "host_hooks") for a in selected)
     return Plan(tuple(order), keys, tuple(dict.fromkeys(diagnostics)), hooks, host)
+
+
+def _traced_hooks_at(algorithm: Algorithm, key: Hashable) -> Mapping[Event, Hook]:
+    hooks = algorithm.traced_hooks_at(key)
+    if frozenset(hooks) != frozenset(algorithm.traced_hooks()):
+        raise ValueError(
+            f"algorithm {algorithm.name!r}: traced_hooks_at({key!r}) hooks {sorted(e.name for e in hooks)} but "
+            f"traced_hooks() hooks {sorted(e.name for e in algorithm.traced_hooks())}; a plan key may change how "
+            "a hook works, not which events it hooks"
+        )
+    return hooks
 
 
 def _hook(algorithm: Algorithm, event: Event, hooks: Mapping[Event, Any], where: str) -> Any:
@@ -239,26 +253,33 @@ def dry_run(
     steps_per_epoch: int,
     *,
     batch_size: int = 1,
+    input_shape: tuple[int, ...] = (),
     passes: Sequence[Pass] = DEFAULT_PASSES,
 ) -> DryRun:
-    """Returns which algorithm fires at which event and step over a whole run, without training."""
+    """Returns which algorithm fires at which event and step over a whole run, without training.
+
+    ``input_shape`` (the shape of one batch's input) lets shape-dependent plan keys, and so the count of
+    distinct compiled steps, come out as in training.
+    """
     if steps_per_epoch < 1:
         raise ValueError(f"steps_per_epoch={steps_per_epoch!r} must be a positive number of batches")
     total = to_steps(max_duration, steps_per_epoch=steps_per_epoch, max_steps=0)
-    start = make_plan(algorithms, passes, Timestamp())
+    origin = Timestamp().with_max_duration(Time(total, TimeUnit.BATCH))
+    meta = BatchMeta(batch_size, tuple(input_shape))
+    start = make_plan(algorithms, passes, origin)
     rows = [DryRunRow("start", e, start.names(e)) for e in (Event.INIT, Event.FIT_START) if start.names(e)]
     per_batch: list[tuple[int, Hashable]] = []
     per_epoch: list[tuple[int, Hashable]] = []
     diagnostics = list(start.diagnostics)
     step_keys = set()
-    timestamp = Timestamp()
+    timestamp = origin
     epoch_start_names: tuple[tuple[Event, tuple[str, ...]], ...] = ()
     names: tuple[tuple[Event, tuple[str, ...]], ...]
     for step in range(total):
         if timestamp.batch_in_epoch == 0:
             plan = make_plan(algorithms, passes, timestamp)
             epoch_start_names = tuple((e, plan.names(e)) for e in _EPOCH_START_EVENTS)
-        before = make_plan(algorithms, passes, timestamp)
+        before = make_plan(algorithms, passes, timestamp, meta=meta)
         timestamp = timestamp.advance(batch_size)
         after = make_plan(algorithms, passes, timestamp)
         diagnostics.extend(before.diagnostics)

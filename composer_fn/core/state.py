@@ -23,6 +23,7 @@ __all__ = [
     "BatchMeta",
     "Precision",
     "LossFn",
+    "ForwardFn",
     "batch_get",
     "batch_set",
     "tree_map",
@@ -30,6 +31,7 @@ __all__ = [
 
 Precision = Literal["fp32", "bf16-mixed"]
 LossFn = Callable[[Any, Any], Tensor]
+ForwardFn = Callable[[Mapping[str, Tensor], Mapping[str, Tensor], Any], tuple[Any, dict[str, Tensor]]]
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16-mixed")
 
 _R = TypeVar("_R", bound="_Record")
@@ -87,6 +89,11 @@ class StepCtx(_Record):
         batch: the batch as the loader gave it (tuple, list or dict of tensors), as changed by the hooks so far.
         key: this step's random key; an algorithm derives its own with ``fold_in(key, name_to_int(name))``.
         loss_fn: ``loss_fn(outputs, batch) -> loss``; hooks may call it (loss interpolation).
+        forward: ``forward(params, buffers, input) -> (outputs, new_buffers)``, the model as a pure function
+            under the step's precision, for an algorithm that declared ``"extra_forward"`` (e.g. a scoring pass
+            before the real one); the buffers given are not written to.
+        per_sample_loss_fn: ``per_sample_loss_fn(outputs, batch) -> [B]`` losses, one per sample, for an
+            algorithm that declared ``"per_sample_loss"``.
         outputs: the model's outputs, from AFTER_FORWARD on.
         loss: the scalar loss, from AFTER_LOSS on.
         per_sample_loss: per-sample losses, when an algorithm asked for them.
@@ -98,6 +105,8 @@ class StepCtx(_Record):
     batch: Any
     key: Tensor
     loss_fn: LossFn
+    forward: ForwardFn | None = None
+    per_sample_loss_fn: LossFn | None = None
     outputs: Any = None
     loss: Tensor | None = None
     per_sample_loss: Tensor | None = None
@@ -108,7 +117,8 @@ class StepCtx(_Record):
 State._fields = frozenset(f.name for f in dataclasses.fields(State))
 StepCtx._fields = frozenset(f.name for f in dataclasses.fields(StepCtx))
 _STATE_FIELDS = tuple(f.name for f in dataclasses.fields(State))
-_CTX_FIELDS = tuple(f.name for f in dataclasses.fields(StepCtx) if f.name != "loss_fn")
+_CTX_FUNCTIONS = ("loss_fn", "forward", "per_sample_loss_fn")
+_CTX_FIELDS = tuple(f.name for f in dataclasses.fields(StepCtx) if f.name not in _CTX_FUNCTIONS)
 
 
 # None is never a leaf: None fields and None entries of the per-algorithm mappings go into the flatten
@@ -159,15 +169,19 @@ def _unflatten_state(values: Any, layout: Hashable) -> State:
     return new
 
 
-def _flatten_ctx(ctx: StepCtx) -> tuple[list[Any], tuple[LossFn, Hashable]]:
+def _functions(ctx: StepCtx) -> tuple[Any, ...]:
+    return tuple(ctx.__dict__[name] for name in _CTX_FUNCTIONS)
+
+
+def _flatten_ctx(ctx: StepCtx) -> tuple[list[Any], tuple[tuple[Any, ...], Hashable]]:
     values, layout = _split_nones(ctx, _CTX_FIELDS)
-    return values, (ctx.loss_fn, layout)
+    return values, (_functions(ctx), layout)
 
 
-def _unflatten_ctx(values: Any, context: tuple[LossFn, Hashable]) -> StepCtx:
-    loss_fn, layout = context
+def _unflatten_ctx(values: Any, context: tuple[tuple[Any, ...], Hashable]) -> StepCtx:
+    functions, layout = context
     fields = _join_nones(values, layout)
-    fields["loss_fn"] = loss_fn
+    fields.update(zip(_CTX_FUNCTIONS, functions, strict=True))
     new = object.__new__(StepCtx)
     object.__setattr__(new, "__dict__", fields)
     return new
@@ -179,10 +193,10 @@ def _state_with_keys(state: State) -> tuple[list[tuple[Any, Any]], Hashable]:
     return [(pytree.GetAttrKey(n), v) for n, v in zip(names, values, strict=True)], layout
 
 
-def _ctx_with_keys(ctx: StepCtx) -> tuple[list[tuple[Any, Any]], tuple[LossFn, Hashable]]:
+def _ctx_with_keys(ctx: StepCtx) -> tuple[list[tuple[Any, Any]], tuple[tuple[Any, ...], Hashable]]:
     values, layout = _split_nones(ctx, _CTX_FIELDS)
     names = [name for name, shape in layout if shape is not None]  # type: ignore[attr-defined]
-    return [(pytree.GetAttrKey(n), v) for n, v in zip(names, values, strict=True)], (ctx.loss_fn, layout)
+    return [(pytree.GetAttrKey(n), v) for n, v in zip(names, values, strict=True)], (_functions(ctx), layout)
 
 
 pytree.register_pytree_node(
@@ -236,10 +250,13 @@ class Static:
 
 @dataclass(frozen=True)
 class BatchMeta:
-    """What the host knows about the coming batch without reading device memory."""
+    """What the host knows about the coming batch without reading device memory.
+
+    ``input_shape`` is the shape of the batch's input tensor (empty when the caller does not know it).
+    """
 
     batch_size: int
-    shapes: tuple[tuple[int, ...], ...] = ()
+    input_shape: tuple[int, ...] = ()
 
 
 def batch_get(batch: Any, key: int | str) -> Any:

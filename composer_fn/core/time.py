@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from enum import Enum
 from typing import Any
 
@@ -303,7 +303,11 @@ class Timestamp:
 
     `batch` counts optimizer steps. `total_wct` and `epoch_wct` accumulate seconds; `batch_wct` is the
     duration of the last batch. Comparing with a `Time` or time string compares the counter of its unit:
-    `timestamp >= '2ep'` is `timestamp.epoch >= 2`.
+    `timestamp >= '2ep'` is `timestamp.epoch >= 2`, and `timestamp >= '0.3dur'` is `timestamp.elapsed >= 0.3`.
+
+    `max_duration` is the run's length (the trainer sets it in batches, so `elapsed` moves every step, not only
+    at epoch ends as Composer's `get_elapsed_duration` does for a duration in epochs). It is a setting of the run
+    rather than progress: `to_dict` leaves it out and a resumed run takes its own.
     """
 
     iteration: int = 0
@@ -318,6 +322,25 @@ class Timestamp:
     total_wct: float = 0.0
     epoch_wct: float = 0.0
     batch_wct: float = 0.0
+    max_duration: Time | None = None
+
+    @property
+    def elapsed(self) -> float:
+        """Return the fraction of `max_duration` done, in [0, 1]; 0.0 when the timestamp has no `max_duration`."""
+        if self.max_duration is None:
+            return 0.0
+        return elapsed(self, self.max_duration)
+
+    def with_max_duration(self, max_duration: Time | str | None) -> Timestamp:
+        """Return the same progress measured against `max_duration` (in ep, ba, sp or tok)."""
+        if max_duration is None:
+            return replace(self, max_duration=None)
+        duration = Time.from_input(max_duration, TimeUnit.EPOCH)
+        if duration.unit not in _COUNTED_UNITS:
+            raise ValueError(
+                f"max_duration={max_duration!r} has unit {duration.unit.value!r}; expected ep, ba, sp or tok"
+            )
+        return replace(self, max_duration=duration)
 
     def advance(self, samples: int, tokens: int = 0, duration: float = 0.0) -> Timestamp:
         """Return the timestamp after one more batch of `samples` samples and `tokens` tokens taking `duration` s."""
@@ -337,6 +360,7 @@ class Timestamp:
             self.total_wct + duration,
             self.epoch_wct + duration,
             duration,
+            self.max_duration,
         )
 
     def next_epoch(self, duration: float = 0.0) -> Timestamp:
@@ -354,6 +378,7 @@ class Timestamp:
             self.total_wct + duration,
             0.0,
             0.0,
+            self.max_duration,
         )
 
     def get(self, unit: TimeUnit | str) -> int:
@@ -404,11 +429,18 @@ class Timestamp:
             values[name] = value if counter else float(value)
         return cls(**values)  # type: ignore[arg-type]
 
-    def _counter_and_time(self, other: object) -> tuple[int, Time] | None:
+    def _counter_and_time(self, other: object) -> tuple[float, Time] | None:
         if isinstance(other, str):
             other = Time.from_timestring(other)
         if not isinstance(other, Time):
             return None
+        if other.unit is TimeUnit.DURATION:
+            if self.max_duration is None:
+                raise ValueError(
+                    f"cannot compare a timestamp without max_duration with {other}: "
+                    "set it with with_max_duration(...)"
+                )
+            return self.elapsed, other
         return self.get(other.unit), other
 
     def __ge__(self, other: Time | str) -> bool:
@@ -428,7 +460,7 @@ class Timestamp:
         return NotImplemented if pair is None else pair[0] < pair[1].value
 
 
-_TIMESTAMP_FIELDS: tuple[str, ...] = tuple(field.name for field in fields(Timestamp))
+_TIMESTAMP_FIELDS: tuple[str, ...] = tuple(field.name for field in fields(Timestamp) if field.name != "max_duration")
 _WALL_CLOCK_FIELDS = frozenset({"total_wct", "epoch_wct", "batch_wct"})
 _COUNTED_UNITS = (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN)
 

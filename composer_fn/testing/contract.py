@@ -7,7 +7,12 @@ hooks through real training steps, and raises ``AssertionError`` with a message 
 - ``check_determinism``: the same seed gives bitwise the same state after several steps.
 - ``check_compiled_matches_eager``: the ``torch.compile``d step equals the eager one.
 - ``check_checkpoint_round_trip``: the algorithm's state survives a checkpoint file bit for bit.
+- ``check_keys_matter``: other keys give other results if and only if the algorithm declares itself stochastic.
+- ``check_dtypes``: the input-side hooks keep uint8/float16/bfloat16/float32 inputs' dtype (or refuse a dtype
+  with an error naming it).
 - ``check_composes``: two algorithms train together for a few steps with a finite loss.
+
+Image algorithms are checked on a SmallCNN, token algorithms (``modality = "tokens"``) on a small CausalLM.
 
 ``python -m pytest --pyargs composer_fn.testing`` is not needed: call the checks from your own tests.
 """
@@ -22,18 +27,25 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from torch import Tensor
+from torch import Tensor, nn
+from torch.func import functional_call
 
 from composer_fn.core import random as R
 from composer_fn.core.algorithm import Algorithm, algorithms_to_json
-from composer_fn.core.engine import make_plan, run_host_event
+from composer_fn.core.engine import make_plan, run_event, run_host_event
 from composer_fn.core.event import Event
-from composer_fn.core.state import BatchMeta, State, Static
-from composer_fn.core.time import Timestamp
+from composer_fn.core.state import BatchMeta, ForwardFn, LossFn, State, Static, StepCtx
+from composer_fn.core.time import Time, Timestamp, TimeUnit
 from composer_fn.models import SmallCNN
+from composer_fn.models.init import init_parameters
 from composer_fn.optim import sgd
 from composer_fn.trainer.checkpoint import load_checkpoint, save_checkpoint
-from composer_fn.trainer.step import cross_entropy_loss, make_train_step
+from composer_fn.trainer.step import (
+    cross_entropy_loss,
+    cross_entropy_per_sample_loss,
+    make_train_step,
+    per_sample_loss,
+)
 
 __all__ = [
     "Setup",
@@ -44,60 +56,108 @@ __all__ = [
     "check_compiled_matches_eager",
     "check_checkpoint_round_trip",
     "check_composes",
+    "check_dtypes",
+    "check_keys_matter",
+    "make_forward",
     "CHECKS",
+    "IMAGE_DTYPES",
 ]
 
 
 @dataclass(frozen=True)
 class Setup:
-    """A small training set-up for checking algorithms: spec, initial state, keyed batches."""
+    """A small training set-up for checking algorithms: spec, initial state, keyed batches, losses."""
 
     algorithms: tuple[Algorithm, ...]
     static: Static
     state: State
-    batches: tuple[tuple[Tensor, Tensor], ...]
+    batches: tuple[Any, ...]
+    loss_fn: LossFn
+    per_sample_loss_fn: LossFn
+    max_duration: Time
+
+
+def _modality(algorithms: Sequence[Algorithm]) -> str:
+    kinds = sorted({a.modality for a in algorithms})
+    if len(kinds) > 1:
+        raise ValueError(
+            f"algorithms {[a.name for a in algorithms]} work on different batches ({', '.join(kinds)}); "
+            "a set-up holds one kind"
+        )
+    return kinds[0] if kinds else "image"
 
 
 def make_setup(
     algorithms: Sequence[Algorithm],
     *,
     seed: int = 0,
+    key_seed: int | None = None,
     batch_size: int = 8,
     image_size: int = 8,
     num_classes: int = 4,
+    sequence_length: int = 32,
     steps: int = 3,
 ) -> Setup:
-    """Returns a set-up with INIT already run: a width-8 SmallCNN, SGD with momentum, keyed image batches."""
-    model = SmallCNN(in_channels=3, num_classes=num_classes, width=8)
-    static = Static(module=model, seed=seed)
+    """Returns a set-up with INIT already run, for the algorithms' ``modality``.
+
+    Images: a width-8 SmallCNN on keyed ``[B, 3, image_size, image_size]`` images and ``num_classes`` classes.
+    Tokens: a one-block CausalLM over 16 symbols on keyed ``[B, sequence_length]`` token rows with next-token
+    labels. Both train with SGD with momentum; the run's ``max_duration`` is ``steps`` batches. ``seed`` draws the
+    model and the data; ``key_seed`` (default ``seed``) is the root of the algorithms' random draws.
+    """
+    modality = _modality(algorithms)
+    data_key = R.fold_in(R.key(seed), 0xDA7A)
+    model: nn.Module
+    if modality == "tokens":
+        from composer_fn.models.lm import CausalLM, causal_lm_loss
+
+        model = CausalLM(16, d_model=16, n_heads=2, n_layers=1, max_seq_len=max(sequence_length, 8))
+        init = init_parameters(model, R.key(seed))
+        rows = [R.randint(R.fold_in(data_key, i), 0, 16, (batch_size, sequence_length + 1)) for i in range(steps)]
+        batches: tuple[Any, ...] = tuple((row[:, :-1].clone(), row[:, 1:].clone()) for row in rows)
+        loss_fn = causal_lm_loss()
+    else:
+        model = SmallCNN(in_channels=3, num_classes=num_classes, width=8)
+        init = init_parameters(model, R.key(seed))
+        batches = tuple(
+            (
+                R.normal(R.fold_in(data_key, 2 * i), (batch_size, 3, image_size, image_size)),
+                R.randint(R.fold_in(data_key, 2 * i + 1), 0, num_classes, (batch_size,)),
+            )
+            for i in range(steps)
+        )
+        loss_fn = cross_entropy_loss()
+    root = seed if key_seed is None else key_seed
+    static = Static(module=model, seed=root)
     state = State(
-        params={n: p.detach().clone() for n, p in model.named_parameters()},
+        params=dict(init),
         buffers={n: b.detach().clone() for n, b in model.named_buffers()},
         opt=None,
         algos={},
         hparams={},
         step=torch.zeros((), dtype=torch.int64),
-        key=R.key(seed),
+        key=R.key(root),
     )
     algorithms = tuple(algorithms)
-    plan = make_plan(algorithms, timestamp=Timestamp())
-    static, state = run_host_event(Event.INIT, plan, static, state, Timestamp())
+    max_duration = Time(steps, TimeUnit.BATCH)
+    start = Timestamp().with_max_duration(max_duration)
+    plan = make_plan(algorithms, timestamp=start)
+    static, state = run_host_event(Event.INIT, plan, static, state, start)
     state = state.replace(
         opt=_optimizer().init(state.params), algos={a.name: a.init(static, state) for a in algorithms}
     )
-    data_key = R.fold_in(R.key(seed), 0xDA7A)
-    batches = tuple(
-        (
-            R.normal(R.fold_in(data_key, 2 * i), (batch_size, 3, image_size, image_size)),
-            R.randint(R.fold_in(data_key, 2 * i + 1), 0, num_classes, (batch_size,)),
-        )
-        for i in range(steps)
-    )
-    return Setup(algorithms, static, state, batches)
+    per_sample = cross_entropy_per_sample_loss() if modality == "image" else per_sample_loss(loss_fn)
+    return Setup(algorithms, static, state, batches, loss_fn, per_sample, max_duration)
 
 
 def _optimizer() -> Any:
     return sgd(0.05, momentum=0.9)
+
+
+def _meta(batch: Any) -> tuple[BatchMeta, int]:
+    input = batch[0]
+    tokens = 0 if input.is_floating_point() else input.numel()
+    return BatchMeta(input.shape[0], tuple(input.shape)), tokens
 
 
 def train_steps(
@@ -109,14 +169,15 @@ def train_steps(
     step, as the trainer does. With ``check_inputs``, every host event and step is checked not to have
     written into the state and batch it was given.
     """
-    state, static, timestamp = setup.state, setup.static, Timestamp()
-    tx, loss_fn = _optimizer(), cross_entropy_loss()
+    state, static = setup.state, setup.static
+    timestamp = Timestamp().with_max_duration(setup.max_duration)
+    tx = _optimizer()
     steps: dict[Any, Callable[[State, Any], tuple[State, dict[str, Tensor]]]] = {}
     losses = []
     names = ", ".join(a.name for a in setup.algorithms)
     for index, batch in enumerate(setup.batches):
-        plan = make_plan(setup.algorithms, timestamp=timestamp)
-        meta = BatchMeta(batch[0].shape[0])
+        meta, tokens = _meta(batch)
+        plan = make_plan(setup.algorithms, timestamp=timestamp, meta=meta)
         guard = _snapshot((state, batch)) if check_inputs else None
         before = state
         static, state = run_host_event(Event.BATCH_START, plan, static, state, timestamp, meta)
@@ -124,7 +185,14 @@ def train_steps(
             _assert_unchanged((before, batch), guard, f"{names}: BATCH_START hooks of step {index}")
         step = steps.get(plan.step_key)
         if step is None:
-            step = make_train_step(static, plan, loss_fn, tx, grad_mode="func" if compile_backend else "autograd")
+            step = make_train_step(
+                static,
+                plan,
+                setup.loss_fn,
+                tx,
+                grad_mode="func" if compile_backend else "autograd",
+                per_sample_loss_fn=setup.per_sample_loss_fn,
+            )
             if compile_backend:
                 step = torch.compile(step, backend=compile_backend, fullgraph=True, dynamic=False)
             steps[plan.step_key] = step
@@ -135,7 +203,7 @@ def train_steps(
             _assert_unchanged((before, batch), guard, f"{names}: traced step {index}")
             assert state is not before, f"{names}: step {index} returned its input state"
         losses.append(metrics["loss"])
-        timestamp = timestamp.advance(meta.batch_size)
+        timestamp = timestamp.advance(meta.batch_size, tokens)
         guard = _snapshot(state) if check_inputs else None
         before = state
         after_plan = make_plan(setup.algorithms, timestamp=timestamp)
@@ -198,10 +266,91 @@ def check_checkpoint_round_trip(algorithm: Algorithm, *, seed: int = 0) -> None:
     setup = make_setup([algorithm], seed=seed)
     trained, _ = train_steps(setup)
     with tempfile.TemporaryDirectory() as folder:
-        path = save_checkpoint(Path(folder) / "state.pt", trained, Timestamp(batch=3), algorithms_to_json([algorithm]))
+        path = save_checkpoint(
+            Path(folder) / "state.pt", trained, Timestamp(batch=3), algorithms_to_json([algorithm])
+        )
         loaded = load_checkpoint(path, setup.state)
     _assert_states_equal(trained, loaded.state, f"{algorithm.name}: checkpoint round trip")
     assert loaded.algorithms == algorithms_to_json([algorithm]), f"{algorithm.name}: config not restored"
+
+
+def check_keys_matter(algorithm: Algorithm, *, seed: int = 0) -> None:
+    """Raises AssertionError unless other keys give other results exactly when the algorithm is stochastic.
+
+    Model and data stay the same; only the root key changes. A deterministic algorithm (``stochastic`` false)
+    must give bitwise the same state under both keys.
+    """
+    first, _ = train_steps(make_setup([algorithm], seed=seed, key_seed=seed))
+    second, _ = train_steps(make_setup([algorithm], seed=seed, key_seed=seed + 1))
+    same = all(torch.equal(first.params[name], second.params[name]) for name in first.params)
+    if algorithm.stochastic:
+        assert not same, f"{algorithm.name}: keys {seed} and {seed + 1} gave the same parameters"
+    else:
+        assert same, f"{algorithm.name}: declared deterministic, yet keys {seed} and {seed + 1} gave different results"
+
+
+_BEFORE_FORWARD = (Event.AFTER_DATALOADER, Event.BEFORE_TRAIN_BATCH, Event.BEFORE_FORWARD)
+IMAGE_DTYPES: tuple[torch.dtype, ...] = (torch.uint8, torch.float16, torch.bfloat16, torch.float32)
+
+
+def _as_dtype(images: Tensor, dtype: torch.dtype) -> Tensor:
+    if dtype == torch.uint8:
+        return (images.sigmoid() * 255).round().to(torch.uint8)
+    return images.sigmoid().to(dtype)
+
+
+def check_dtypes(algorithm: Algorithm, *, seed: int = 0) -> None:
+    """Raises AssertionError unless the input-side hooks keep the input's dtype, rank and channels.
+
+    Image inputs are tried as uint8 (0-255) and float16, bfloat16 and float32 (in [0, 1]); token inputs as
+    int64. Hooks up to BEFORE_FORWARD run on them (after BATCH_START). An algorithm may refuse a dtype, but only
+    with a TypeError or ValueError that names it. The extra forward, for algorithms that ask for one, sees the
+    input as float32, as a model that normalises its input would.
+    """
+    setup = make_setup([algorithm], seed=seed)
+    images = setup.algorithms[0].modality == "image"
+    dtypes = IMAGE_DTYPES if images else (torch.int64,)
+    model_forward = make_forward(setup.static)
+    for dtype in dtypes:
+        first = setup.batches[0]
+        input = _as_dtype(first[0], dtype) if images else first[0]
+        batch = (input, first[1])
+        meta, _ = _meta(batch)
+        timestamp = Timestamp().with_max_duration(setup.max_duration)
+        plan = make_plan(setup.algorithms, timestamp=timestamp, meta=meta)
+        try:
+            static, state = run_host_event(Event.BATCH_START, plan, setup.static, setup.state, timestamp, meta)
+            ctx = StepCtx(
+                batch=batch,
+                key=R.fold_in(state.key, state.step),
+                loss_fn=setup.loss_fn,
+                forward=lambda p, b, x: model_forward(p, b, x.float() if images else x),
+                per_sample_loss_fn=setup.per_sample_loss_fn,
+            )
+            for event in _BEFORE_FORWARD:
+                state, ctx = run_event(event, plan, state, ctx)
+        except (TypeError, ValueError) as error:
+            assert str(dtype) in str(error) or str(dtype).removeprefix("torch.") in str(error), (
+                f"{algorithm.name}: refused {dtype} with an error that does not name it: {error}"
+            )
+            continue
+        output = ctx.batch[0]
+        assert output.dtype == dtype, f"{algorithm.name}: {dtype} input came out as {output.dtype}"
+        assert output.dim() == input.dim(), f"{algorithm.name}: {tuple(input.shape)} became {tuple(output.shape)}"
+        if images:
+            assert output.shape[1] == input.shape[1], f"{algorithm.name}: the channel count changed"
+
+
+def make_forward(static: Static) -> ForwardFn:
+    """Returns ``forward(params, buffers, input) -> (outputs, new_buffers)`` for ``static``'s module."""
+
+    def forward(params: Any, buffers: Any, input: Any) -> tuple[Any, dict[str, Tensor]]:
+        new_buffers = {name: b.clone() for name, b in buffers.items()}
+        with torch.no_grad():
+            outputs = functional_call(static.module, (dict(params), new_buffers), (input,))
+        return outputs, new_buffers
+
+    return forward
 
 
 def check_composes(first: Algorithm, second: Algorithm, *, seed: int = 0) -> None:
@@ -214,6 +363,8 @@ def check_composes(first: Algorithm, second: Algorithm, *, seed: int = 0) -> Non
 CHECKS: tuple[Callable[..., None], ...] = (
     check_purity,
     check_determinism,
+    check_keys_matter,
+    check_dtypes,
     check_compiled_matches_eager,
     check_checkpoint_round_trip,
 )

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value
 
@@ -28,7 +29,16 @@ from composer_fn.core.event import Event
 from composer_fn.core.state import LossFn, State, Static, StepCtx, batch_get
 from composer_fn.optim.base import GradientTransformation, apply_updates
 
-__all__ = ["make_train_step", "make_eval_step", "cross_entropy_loss", "precision_context", "StepFn", "GradMode"]
+__all__ = [
+    "make_train_step",
+    "make_eval_step",
+    "cross_entropy_loss",
+    "cross_entropy_per_sample_loss",
+    "per_sample_loss",
+    "precision_context",
+    "StepFn",
+    "GradMode",
+]
 
 StepFn = Callable[[State, Any], tuple[State, dict[str, Tensor]]]
 GradMode = Literal["autograd", "func"]
@@ -42,6 +52,38 @@ def cross_entropy_loss(target_key: int | str = 1) -> LossFn:
         return F.cross_entropy(outputs, batch_get(batch, target_key))
 
     return loss_fn
+
+
+def cross_entropy_per_sample_loss(target_key: int | str = 1) -> LossFn:
+    """Returns ``loss_fn(outputs, batch) -> [B]``: one cross-entropy per sample (averaged over any extra dims)."""
+
+    def loss_fn(outputs: Tensor, batch: Any) -> Tensor:
+        losses = F.cross_entropy(outputs, batch_get(batch, target_key), reduction="none")
+        return losses.flatten(1).mean(1) if losses.dim() > 1 else losses
+
+    return loss_fn
+
+
+def per_sample_loss(loss_fn: LossFn) -> LossFn:
+    """Returns ``fn(outputs, batch) -> [B]``: ``loss_fn`` applied to each sample alone, vectorized by ``vmap``.
+
+    Works for any loss that averages over the batch; tensors of the batch are split along dim 0, other items
+    are passed whole.
+    """
+
+    def one(outputs: Tensor, batch: Any) -> Tensor:
+        return loss_fn(outputs.unsqueeze(0), pytree.tree_map(_unsqueeze, batch))
+
+    def losses(outputs: Tensor, batch: Any) -> Tensor:
+        in_dims = (0, pytree.tree_map(lambda t: 0 if isinstance(t, Tensor) else None, batch))
+        result: Tensor = torch.func.vmap(one, in_dims=in_dims)(outputs, batch)
+        return result
+
+    return losses
+
+
+def _unsqueeze(item: Any) -> Any:
+    return item.unsqueeze(0) if isinstance(item, Tensor) else item
 
 
 def precision_context(static: Static) -> contextlib.AbstractContextManager[Any]:
@@ -111,12 +153,15 @@ def make_train_step(
     *,
     input_key: int | str = 0,
     grad_mode: GradMode = "autograd",
+    per_sample_loss_fn: LossFn | None = None,
 ) -> StepFn:
     """Returns the training step: the plan's traced events around a functional gradient and ``tx``'s update.
 
     The step returns the new state and ``{"loss": loss}`` (detached). It runs, in order: AFTER_DATALOADER,
     BEFORE_TRAIN_BATCH, BEFORE_FORWARD, the forward, AFTER_FORWARD, BEFORE_LOSS, the loss, AFTER_LOSS,
     BEFORE_BACKWARD, the gradient, AFTER_BACKWARD, AFTER_TRAIN_BATCH, the update, AFTER_OPTIMIZER_STEP.
+    Hooks find the model as a pure function in ``ctx.forward`` and per-sample losses in
+    ``ctx.per_sample_loss_fn`` (``per_sample_loss_fn``, or ``loss_fn`` vectorized per sample when not given).
     """
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"grad_mode={grad_mode!r} must be one of {', '.join(GRAD_MODES)}")
@@ -139,9 +184,19 @@ def make_train_step(
 
     differentiate = grad_and_value(loss_and_aux, has_aux=True)
     keyed = bool(plan.hooks)
+    losses_per_sample = per_sample_loss_fn if per_sample_loss_fn is not None else per_sample_loss(loss_fn)
+
+    def forward(params: Mapping[str, Tensor], buffers: Mapping[str, Tensor], input: Any) -> tuple[Any, dict[str, Tensor]]:
+        return _forward(static, params, buffers, input, slots)
 
     def train_step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
-        ctx = StepCtx(batch=batch, key=_step_key(state, keyed), loss_fn=loss_fn)
+        ctx = StepCtx(
+            batch=batch,
+            key=_step_key(state, keyed),
+            loss_fn=loss_fn,
+            forward=forward,
+            per_sample_loss_fn=losses_per_sample,
+        )
         state, ctx = run_event(Event.AFTER_DATALOADER, plan, state, ctx)
         state, ctx = run_event(Event.BEFORE_TRAIN_BATCH, plan, state, ctx)
         if grad_mode == "func":

@@ -36,11 +36,18 @@ from composer_fn.optim.optimizers import sgdw
 from composer_fn.optim.schedules import ConstantScheduler
 from composer_fn.optim.transforms import scale_by_schedule
 from composer_fn.trainer.checkpoint import load_checkpoint, save_checkpoint
-from composer_fn.trainer.step import GradMode, StepFn, cross_entropy_loss, make_eval_step, make_train_step
+from composer_fn.trainer.step import (
+    GradMode,
+    StepFn,
+    cross_entropy_loss,
+    cross_entropy_per_sample_loss,
+    make_eval_step,
+    make_train_step,
+)
 
 __all__ = ["Trainer"]
 
-SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset()
+SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset({"per_sample_loss", "extra_forward"})
 """What this trainer can provide to algorithms (see ``Algorithm.requires``)."""
 
 
@@ -60,9 +67,17 @@ def _batches_between(interval: Time | None) -> int:
     return int(interval.value)
 
 
-def _batch_size(batch: Any, input_key: int | str) -> int:
-    size = batch_get(batch, input_key).shape[0]
-    return int(size)
+def _batch_meta(batch: Any, input_key: int | str) -> tuple[BatchMeta, int]:
+    # Tokens are counted from the loader's batch, as Composer counts them: every element of an integer input.
+    input = batch_get(batch, input_key)
+    shape = tuple(input.shape)
+    tokens = input.numel() if not (input.is_floating_point() or input.is_complex()) else 0
+    return BatchMeta(int(shape[0]), shape), int(tokens)
+
+
+def _class_last(outputs: Tensor, target: Tensor) -> bool:
+    # Sequence models give [B, S, V] logits against [B, S] targets; image models give [B, C, ...].
+    return outputs.dim() > 2 and outputs.dim() == target.dim() + 1 and outputs.shape[:-1] == target.shape
 
 
 class Trainer:
@@ -88,6 +103,8 @@ class Trainer:
         save_interval: how often to checkpoint when ``save_folder`` is set.
         load_path: a checkpoint to resume from.
         loss_fn: ``loss_fn(outputs, batch)``; default cross-entropy against ``batch[target_key]``.
+        per_sample_loss_fn: ``fn(outputs, batch) -> [B]`` for algorithms that need per-sample losses; default
+            per-sample cross-entropy with the default loss, else ``loss_fn`` vectorized over samples (vmap).
         eval_interval, log_interval: how often to evaluate and to log.
         grad_mode: ``'autograd'`` (default eager) or ``'func'`` (default when compiling).
     """
@@ -112,6 +129,7 @@ class Trainer:
         load_path: str | Path | None = None,
         device: str | torch.device | None = None,
         loss_fn: LossFn | None = None,
+        per_sample_loss_fn: LossFn | None = None,
         input_key: int | str = 0,
         target_key: int | str = 1,
         eval_interval: str | int | Time = "1ep",
@@ -147,6 +165,9 @@ class Trainer:
         self.max_steps = to_steps(duration, steps_per_epoch=self.steps_per_epoch, max_steps=0)
         self.input_key, self.target_key = input_key, target_key
         self.loss_fn = loss_fn if loss_fn is not None else cross_entropy_loss(target_key)
+        if per_sample_loss_fn is None and loss_fn is None:
+            per_sample_loss_fn = cross_entropy_per_sample_loss(target_key)
+        self.per_sample_loss_fn = per_sample_loss_fn
         self.compile = "inductor" if compile is True else (compile or None)
         self.grad_mode: GradMode = grad_mode or ("func" if self.compile else "autograd")
         self.save_folder = Path(save_folder) if save_folder is not None else None
@@ -187,7 +208,7 @@ class Trainer:
             step=torch.zeros((), dtype=torch.int64, device=target_device),
             key=R.key(seed, device=target_device),
         )
-        self.timestamp = Timestamp()
+        self.timestamp = Timestamp().with_max_duration(Time(self.max_steps, TimeUnit.BATCH))
         plan = self._plan(self.timestamp)
         for diagnostic in plan.diagnostics:
             warnings.warn(diagnostic, stacklevel=2)
@@ -203,15 +224,21 @@ class Trainer:
 
     # -- the pure parts, called from the loop ------------------------------------------------------------
 
-    def _plan(self, timestamp: Timestamp) -> Plan:
-        return make_plan(self.algorithms, self.passes, timestamp)
+    def _plan(self, timestamp: Timestamp, meta: BatchMeta | None = None) -> Plan:
+        return make_plan(self.algorithms, self.passes, timestamp, meta=meta)
 
     def _train_step(self, plan: Plan) -> StepFn:
         cache_key = (self.static, plan.step_key)
         step = self._steps.get(cache_key)
         if step is None:
             step = make_train_step(
-                self.static, plan, self.loss_fn, self.tx, input_key=self.input_key, grad_mode=self.grad_mode
+                self.static,
+                plan,
+                self.loss_fn,
+                self.tx,
+                input_key=self.input_key,
+                grad_mode=self.grad_mode,
+                per_sample_loss_fn=self.per_sample_loss_fn,
             )
             if self.compile:
                 step = torch.compile(step, backend=self._counting_backend(), fullgraph=True, dynamic=False)
@@ -309,18 +336,19 @@ class Trainer:
                     self._host_event(Event.EPOCH_START, plan)
                 epoch_began_at = self.timestamp.batch
                 for raw in self._batches():
-                    plan = self._plan(self.timestamp)
+                    meta, tokens = _batch_meta(raw, self.input_key)
+                    size = meta.batch_size
+                    plan = self._plan(self.timestamp, meta)
                     batch = self._to_device(raw)
-                    size = _batch_size(batch, self.input_key)
                     if plan.host or listening:
                         self._host_event(Event.BEFORE_DATALOADER, plan)
-                        self._host_event(Event.BATCH_START, plan, BatchMeta(size))
+                        self._host_event(Event.BATCH_START, plan, meta)
                     if plan is not step_plan or self.static is not step_static:
                         step, step_plan, step_static = self._train_step(plan), plan, self.static
                     began = time.perf_counter()
                     self.state, outputs = step(self.state, batch)
                     loss = outputs["loss"]
-                    self.timestamp = self.timestamp.advance(size, duration=time.perf_counter() - began)
+                    self.timestamp = self.timestamp.advance(size, tokens, time.perf_counter() - began)
                     window_samples += size
                     if self.progress_bar:
                         bar.update(1)
@@ -406,11 +434,12 @@ class Trainer:
                 self._host_event(Event.EVAL_BATCH_START, plan)
                 outputs = step(self.state, batch)
                 target = batch_get(batch, self.target_key)
+                predictions = outputs.movedim(-1, 1) if _class_last(outputs, target) else outputs
                 if accuracy is None:
                     accuracy = torchmetrics.classification.MulticlassAccuracy(
-                        num_classes=outputs.shape[1], average="micro"
+                        num_classes=predictions.shape[1], average="micro"
                     ).to(self.static.device)
-                accuracy.update(outputs.float(), target)
+                accuracy.update(predictions.float(), target)
                 with torch.no_grad():
                     mean_loss.update(self.loss_fn(outputs.float(), batch), weight=target.shape[0])
                 self._host_event(Event.EVAL_BATCH_END, plan)
@@ -456,7 +485,7 @@ class Trainer:
             load_path, self.state, device=self.static.device, algorithms=algorithms_to_json(self.algorithms)
         )
         self.state = checkpoint.state
-        self.timestamp = checkpoint.timestamp
+        self.timestamp = checkpoint.timestamp.with_max_duration(self.timestamp.max_duration)
         self._host_event(Event.AFTER_LOAD, self._plan(self.timestamp))
 
     def save_checkpoint(self, path: str | Path) -> Path:

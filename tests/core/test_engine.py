@@ -84,7 +84,7 @@ class Resizer(Recorder):
     algorithm_name = "engine_spec_resizer"
     resize_from_batch: int = 0
 
-    def plan_key(self, timestamp: Timestamp) -> Hashable:
+    def plan_key(self, timestamp: Timestamp, meta: BatchMeta | None = None) -> Hashable:
         return ("half_size", timestamp.batch >= self.resize_from_batch)
 
 
@@ -515,3 +515,53 @@ def test_plans_are_equal_and_hash_alike_when_they_decide_the_same() -> None:
     second = make_plan([A(), B(from_batch=4)], timestamp=Timestamp(batch=1))
     assert first == second and hash(first) == hash(second)
     assert _names_by_event(first) == _names_by_event(second)
+
+
+@dataclass(frozen=True)
+class Scaler(Algorithm):
+    """A test-only algorithm whose traced hook multiplies the input by a factor chosen by its plan key."""
+
+    algorithm_name = "engine_spec_scaler"
+
+    def plan_key(self, timestamp: Timestamp, meta: BatchMeta | None = None) -> Hashable:
+        return 1 + timestamp.batch % 3 + (meta.input_shape[-1] if meta is not None and meta.input_shape else 0)
+
+    def traced_hooks(self) -> Mapping[Event, Hook]:
+        return {Event.BEFORE_FORWARD: self._scale_by(1)}
+
+    def traced_hooks_at(self, plan_key: Hashable) -> Mapping[Event, Hook]:
+        assert isinstance(plan_key, int)
+        return {Event.BEFORE_FORWARD: self._scale_by(plan_key)}
+
+    @staticmethod
+    def _scale_by(factor: int) -> Hook:
+        def scale(state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+            return state, ctx.replace(batch=ctx.batch * factor)
+
+        return scale
+
+
+@given(batch=st.integers(0, 20), width=st.integers(0, 4))
+def test_traced_hooks_are_resolved_for_the_plan_key_of_the_batch(batch: int, width: int) -> None:
+    meta = BatchMeta(2, (2, width)) if width else None
+    plan = make_plan([Scaler()], timestamp=Timestamp(batch=batch), meta=meta)
+    ctx = StepCtx(batch=torch.ones(2), key=rng.key(0), loss_fn=lambda o, b: o)
+    _, out = run_event(Event.BEFORE_FORWARD, plan, make_state(), ctx)
+    assert torch.equal(out.batch, torch.full((2,), float(1 + batch % 3 + width)))
+
+
+def test_a_plan_key_that_changes_the_hooked_events_is_an_error() -> None:
+    @dataclass(frozen=True)
+    class Shifty(Scaler):
+        algorithm_name = "engine_spec_shifty"
+
+        def traced_hooks_at(self, plan_key: Hashable) -> Mapping[Event, Hook]:
+            return {Event.AFTER_FORWARD: self._scale_by(2)}
+
+    with pytest.raises(ValueError, match="not which events"):
+        make_plan([Shifty()], timestamp=Timestamp(batch=5))
+
+
+def test_dry_run_counts_one_compiled_step_per_distinct_plan_key() -> None:
+    report = dry_run([Scaler()], "9ba", steps_per_epoch=3, input_shape=(2, 10))
+    assert report.compiled_steps == 3

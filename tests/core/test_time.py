@@ -243,7 +243,7 @@ def test_comparing_a_timestamp_with_a_time_uses_the_counter_of_its_unit() -> Non
     assert timestamp >= "2ep" and timestamp > "1ep" and timestamp < "3ep" and timestamp <= "2ep"
     assert timestamp >= Time.from_batch(50) and not timestamp > Time.from_batch(50)
     assert timestamp < Time.from_sample(1601)
-    with pytest.raises(ValueError, match="'dur'"):
+    with pytest.raises(ValueError, match="max_duration"):
         _ = timestamp >= "0.5dur"
 
 
@@ -332,3 +332,22 @@ def test_to_steps_validates_the_counts() -> None:
         to_steps("1ep", steps_per_epoch=-1, max_steps=100)
     with pytest.raises(ValueError, match="max_steps=1.5"):
         to_steps("1dur", steps_per_epoch=10, max_steps=1.5)  # type: ignore[arg-type]
+
+
+@given(st.integers(1, 1000), st.integers(0, 1200))
+def test_elapsed_is_the_fraction_of_max_duration_done_and_drives_dur_comparisons(total: int, done: int) -> None:
+    timestamp = Timestamp().with_max_duration(f"{total}ba")
+    for _ in range(min(done, 50)):
+        timestamp = timestamp.advance(1)
+    fraction = min(1.0, min(done, 50) / total)
+    assert timestamp.elapsed == fraction
+    assert (timestamp >= "0.5dur") == (fraction >= 0.5)
+    assert timestamp.next_epoch().max_duration == Time(total, TimeUnit.BATCH)
+    assert "max_duration" not in timestamp.to_dict()
+
+
+def test_a_dur_comparison_without_max_duration_names_the_fix() -> None:
+    with pytest.raises(ValueError, match="with_max_duration"):
+        Timestamp() >= "0.5dur"  # noqa: B015
+    with pytest.raises(ValueError, match="'sec'"):
+        Timestamp().with_max_duration("10sec")
