@@ -3,5 +3,7 @@
 from composer_fn.algorithms.channels_last import ChannelsLast
 from composer_fn.algorithms.label_smoothing import LabelSmoothing
 from composer_fn.algorithms.mixup import MixUp
+from composer_fn.algorithms.progressive_resizing import ProgressiveResizing
+from composer_fn.algorithms.selective_backprop import SelectiveBackprop
 
-__all__ = ["ChannelsLast", "LabelSmoothing", "MixUp"]
+__all__ = ["ChannelsLast", "LabelSmoothing", "MixUp", "ProgressiveResizing", "SelectiveBackprop"]

@@ -2,8 +2,8 @@
 
 A pass is ``(algorithms, event) -> algorithms``. The default passes reproduce Composer's order: algorithms
 placed ``"first"`` (selective backprop) go first, those placed ``"last"`` (low-precision LayerNorm) go last,
-and on ``AFTER_*`` events the order is reversed (FILO), so an algorithm that changed something at a
-``BEFORE_*`` event undoes it after the ones that ran inside it.
+and on ``AFTER_*`` events the order is otherwise reversed (FILO), so an algorithm that changed something at a
+``BEFORE_*`` event undoes it after the ones that ran inside it. Placement wins over FILO.
 
 A check is ``(algorithms, event) -> messages``; the engine stores what checks say in the plan.
 """
@@ -68,5 +68,7 @@ def check_multiple_loss_interpolation(algorithms: Sequence[Algorithm], event: Ev
     return ()
 
 
-DEFAULT_PASSES: tuple[Pass, ...] = (sort_placement_first, sort_placement_last, set_filo_order)
+# FILO runs before the placements, so "first" means first on AFTER_* events too. Composer sorts selective
+# backprop first and then reverses AFTER_* events, which puts it last at AFTER_DATALOADER, its own event.
+DEFAULT_PASSES: tuple[Pass, ...] = (set_filo_order, sort_placement_first, sort_placement_last)
 DEFAULT_CHECKS: tuple[Check, ...] = (check_multiple_loss_interpolation,)

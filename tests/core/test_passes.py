@@ -120,10 +120,18 @@ def test_default_passes_run_after_events_in_the_reverse_of_their_before_partner(
     assert after is not None
     opening = apply_default_passes(algorithms, before)
     closing = apply_default_passes(algorithms, after)
-    if after in AFTER_EVENTS:
-        assert closing == opening[::-1]
-    else:
+    if after not in AFTER_EVENTS:
         assert closing == opening
+        return
+    # Stack order for the unplaced ones; placement ("first", "last") holds on every event.
+    unplaced = [a for a in opening if a.placement == "any"]
+    assert [a for a in closing if a.placement == "any"] == unplaced[::-1]
+    for placement in ("first", "last"):
+        placed = [a for a in closing if a.placement == placement]
+        assert sorted(a.name for a in placed) == sorted(a.name for a in opening if a.placement == placement)
+        if placed:
+            where = closing[: len(placed)] if placement == "first" else closing[len(closing) - len(placed) :]
+            assert where == placed
 
 
 @given(algorithm_lists, st.sampled_from([e for e in Event if e not in AFTER_EVENTS]))
@@ -140,8 +148,8 @@ def test_default_passes_put_first_placed_first_and_last_placed_last(
         ]
 
 
-def test_the_default_passes_are_composers_in_composers_order() -> None:
-    assert DEFAULT_PASSES == (sort_placement_first, sort_placement_last, set_filo_order)
+def test_the_default_passes_are_composers_with_placement_applied_after_filo() -> None:
+    assert DEFAULT_PASSES == (set_filo_order, sort_placement_first, sort_placement_last)
     assert DEFAULT_CHECKS == (check_multiple_loss_interpolation,)
 
 

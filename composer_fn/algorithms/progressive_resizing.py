@@ -1,0 +1,253 @@
+"""Progressive resizing: train on downsampled images first and grow them to full size (fast.ai; Composer).
+
+The scale stays ``initial_scale`` until ``delay_fraction`` of the run, rises linearly to 1 by
+``1 - finetune_fraction``, and stays at 1 for the rest. The width is pinned to a multiple of
+``size_increment`` (the height follows in proportion), so a run visits only a handful of sizes. The size is a
+shape-affecting choice: it is the algorithm's plan key, so each size compiles one step and is reused.
+
+``'resize'`` downsamples by nearest-neighbour interpolation, ``'crop'`` takes one random crop of the batch (its
+corner drawn from the step's key). Targets are resized too with ``resize_targets`` (segmentation masks).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from composer_fn.core import random as R
+from composer_fn.core.algorithm import Algorithm, Hook, register
+from composer_fn.core.event import Event
+from composer_fn.core.state import BatchMeta, State, StepCtx, batch_get, batch_set
+from composer_fn.core.time import Timestamp
+
+__all__ = [
+    "ProgressiveResizing",
+    "CropParams",
+    "progressive_scale",
+    "pinned_size",
+    "crop_params",
+    "crop_apply",
+    "resize_apply",
+    "resize_batch",
+]
+
+ResizeMode = Literal["resize", "crop"]
+MODES: tuple[str, ...] = ("resize", "crop")
+
+
+def progressive_scale(
+    elapsed: float, *, initial_scale: float = 0.5, delay_fraction: float = 0.5, finetune_fraction: float = 0.2
+) -> float:
+    """Returns the scale after ``elapsed`` of the run: flat, then linear to 1, then 1 (Composer's schedule)."""
+    if elapsed < delay_fraction:
+        return initial_scale
+    ramp = 1.0 - finetune_fraction - delay_fraction
+    progress = 1.0 if ramp <= 0 else min((elapsed - delay_fraction) / ramp, 1.0)
+    return initial_scale + (1.0 - initial_scale) * progress
+
+
+def pinned_size(height: int, width: int, scale: float, size_increment: int = 4) -> tuple[int, int]:
+    """Returns ``(height, width)`` at ``scale`` with the width rounded to a multiple of ``size_increment``.
+
+    The height keeps the aspect ratio (rounded down). Unlike Composer, a width that would round to zero is
+    held at one increment (capped at the full width), so small images never vanish.
+    """
+    if scale >= 1.0:
+        return height, width
+    pinned = round(width * scale / size_increment) * size_increment
+    pinned = min(max(pinned, size_increment), width)
+    return max((height * pinned) // width, 1), pinned
+
+
+class CropParams(NamedTuple):
+    """Where one crop of the batch starts: row and column of its top-left corner (0-d int64 tensors)."""
+
+    top: Tensor
+    left: Tensor
+
+
+def crop_params(key: R.Key, height: int, width: int, crop_height: int, crop_width: int) -> CropParams:
+    """Returns a uniformly drawn corner for a ``crop_height`` x ``crop_width`` crop of a ``height`` x ``width`` image.
+
+    Every position that keeps the crop inside the image is possible, the last one included.
+    """
+    if not (0 < crop_height <= height and 0 < crop_width <= width):
+        raise ValueError(
+            f"crop of {crop_height}x{crop_width} does not fit an image of {height}x{width}: expected "
+            "0 < crop size <= image size"
+        )
+    top = R.randint(R.fold_in(key, 0), 0, height - crop_height + 1, ())
+    left = R.randint(R.fold_in(key, 1), 0, width - crop_width + 1, ())
+    return CropParams(top, left)
+
+
+def crop_apply(images: Tensor, params: CropParams, crop_height: int, crop_width: int) -> Tensor:
+    """Returns ``images[..., top:top + crop_height, left:left + crop_width]`` (one crop for the whole batch)."""
+    rows = params.top.to(images.device) + torch.arange(crop_height, device=images.device)
+    columns = params.left.to(images.device) + torch.arange(crop_width, device=images.device)
+    return images.index_select(-2, rows).index_select(-1, columns)
+
+
+def resize_apply(images: Tensor, height: int, width: int) -> Tensor:
+    """Returns ``images`` ``[N, C, H, W]`` resized to ``height`` x ``width`` by nearest-neighbour interpolation."""
+    if images.shape[-2:] == (height, width):
+        return images
+    return F.interpolate(images, size=(height, width), mode="nearest")
+
+
+def _resize_target(target: Tensor, height: int, width: int) -> Tensor:
+    if target.dim() == 3:
+        # Class-index masks [N, H, W]: add a channel to interpolate, then restore the dtype and shape.
+        return resize_apply(target.unsqueeze(1).float(), height, width).squeeze(1).to(target.dtype)
+    return resize_apply(target, height, width)
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} must be one of {', '.join(MODES)}")
+
+
+def _resized(
+    input: Tensor,
+    target: Tensor,
+    size: tuple[int, int],
+    mode: str,
+    resize_targets: bool,
+    key: R.Key | None,
+) -> tuple[Tensor, Tensor]:
+    height, width = input.shape[-2], input.shape[-1]
+    new_height, new_width = size
+    if (new_height, new_width) == (height, width):
+        return input, target
+    if mode == "resize":
+        new_target = _resize_target(target, new_height, new_width) if resize_targets else target
+        return resize_apply(input, new_height, new_width), new_target
+    assert key is not None
+    params = crop_params(key, height, width, new_height, new_width)
+    if not resize_targets:
+        return crop_apply(input, params, new_height, new_width), target
+    # The target's crop covers the same region, in the target's own resolution.
+    target_height, target_width = target.shape[-2], target.shape[-1]
+    target_params = CropParams(
+        params.top * target_height // height, params.left * target_width // width
+    )
+    target_size = (target_height * new_height // height, target_width * new_width // width)
+    return crop_apply(input, params, new_height, new_width), crop_apply(target, target_params, *target_size)
+
+
+def resize_batch(
+    input: Tensor,
+    target: Tensor,
+    scale_factor: float,
+    mode: ResizeMode = "resize",
+    resize_targets: bool = False,
+    *,
+    key: R.Key | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Returns ``(input, target)`` with height and width scaled by ``scale_factor`` (Composer's ``resize_batch``).
+
+    ``'resize'`` interpolates (nearest), ``'crop'`` takes one random crop of ``int(scale * H) x int(scale * W)``
+    for the whole batch, its corner drawn from ``key``. ``scale_factor >= 1`` returns the batch unchanged.
+    Targets are resized only with ``resize_targets`` (``[N, H, W]`` masks or ``[N, C, H, W]`` maps).
+    """
+    _check_mode(mode)
+    if input.dim() < 3:
+        raise ValueError(f"input of shape {tuple(input.shape)}: expected at least [N, H, W] to resize")
+    if resize_targets and target.dim() < 3:
+        raise ValueError(f"target of shape {tuple(target.shape)}: resize_targets needs [N, H, W] or [N, C, H, W]")
+    if not scale_factor > 0:
+        raise ValueError(f"scale_factor={scale_factor!r} must be positive")
+    if mode == "crop" and key is None and scale_factor < 1:
+        raise ValueError("mode='crop' draws the crop's corner: pass key=")
+    if scale_factor >= 1:
+        return input, target
+    size = (int(scale_factor * input.shape[-2]), int(scale_factor * input.shape[-1]))
+    if min(size) < 1:
+        raise ValueError(f"scale_factor={scale_factor!r} shrinks {tuple(input.shape[-2:])} to nothing")
+    return _resized(input, target, size, mode, resize_targets, key)
+
+
+@register
+@dataclass(frozen=True)
+class ProgressiveResizing(Algorithm):
+    """Trains on smaller images early in the run and grows them to full size (Composer's ``ProgressiveResizing``).
+
+    Args:
+        mode: ``'resize'`` (nearest interpolation) or ``'crop'`` (one random crop per batch).
+        initial_scale: the scale until ``delay_fraction``, in (0, 1].
+        finetune_fraction: the final fraction of the run trained at full size.
+        delay_fraction: the fraction of the run before the scale starts to rise.
+        size_increment: the width is a multiple of this.
+        resize_targets: also resize the targets (segmentation).
+        input_key, target_key: where input and target sit in the batch.
+    """
+
+    mode: ResizeMode = "resize"
+    initial_scale: float = 0.5
+    finetune_fraction: float = 0.2
+    delay_fraction: float = 0.5
+    size_increment: int = 4
+    resize_targets: bool = False
+    input_key: int | str = 0
+    target_key: int | str = 1
+
+    def __post_init__(self) -> None:
+        _check_mode(self.mode)
+        if not 0 < self.initial_scale <= 1:
+            raise ValueError(f"initial_scale={self.initial_scale!r} must lie in (0, 1]")
+        if not 0 <= self.finetune_fraction <= 1:
+            raise ValueError(f"finetune_fraction={self.finetune_fraction!r} must lie in [0, 1]")
+        if not 0 <= self.delay_fraction <= 1 or self.delay_fraction + self.finetune_fraction > 1:
+            raise ValueError(
+                f"delay_fraction={self.delay_fraction!r} with finetune_fraction={self.finetune_fraction!r}: "
+                "each must lie in [0, 1] and their sum may not exceed 1"
+            )
+        if isinstance(self.size_increment, bool) or not isinstance(self.size_increment, int) or self.size_increment < 1:
+            raise ValueError(f"size_increment={self.size_increment!r} must be an int >= 1")
+
+    @property
+    def stochastic(self) -> bool:
+        return self.mode == "crop" and self.initial_scale < 1
+
+    def scale(self, timestamp: Timestamp) -> float:
+        """Returns the unpinned scale at ``timestamp`` (from ``timestamp.elapsed``)."""
+        return progressive_scale(
+            timestamp.elapsed,
+            initial_scale=self.initial_scale,
+            delay_fraction=self.delay_fraction,
+            finetune_fraction=self.finetune_fraction,
+        )
+
+    def plan_key(self, timestamp: Timestamp, meta: BatchMeta | None = None) -> Hashable:
+        scale = self.scale(timestamp)
+        if meta is not None and len(meta.input_shape) >= 3:
+            return ("size", *pinned_size(meta.input_shape[-2], meta.input_shape[-1], scale, self.size_increment))
+        return ("scale", scale)
+
+    def traced_hooks(self) -> Mapping[Event, Hook]:
+        return {Event.AFTER_DATALOADER: functools.partial(self._resize, ("scale", 1.0))}
+
+    def traced_hooks_at(self, plan_key: Hashable) -> Mapping[Event, Hook]:
+        return {Event.AFTER_DATALOADER: functools.partial(self._resize, plan_key)}
+
+    def _resize(self, plan_key: Hashable, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+        input = batch_get(ctx.batch, self.input_key)
+        target = batch_get(ctx.batch, self.target_key)
+        assert isinstance(plan_key, tuple)
+        height, width = input.shape[-2], input.shape[-1]
+        if plan_key[0] == "size":
+            size = (int(plan_key[1]), int(plan_key[2]))
+        else:
+            size = pinned_size(height, width, float(plan_key[1]), self.size_increment)
+        key = R.fold_in(ctx.key, R.name_to_int(self.name)) if self.mode == "crop" else None
+        new_input, new_target = _resized(input, target, size, self.mode, self.resize_targets, key)
+        batch = batch_set(ctx.batch, self.input_key, new_input)
+        if self.resize_targets:
+            batch = batch_set(batch, self.target_key, new_target)
+        return state, ctx.replace(batch=batch)

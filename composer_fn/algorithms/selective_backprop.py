@@ -1,0 +1,179 @@
+"""Selective backprop: score the batch with an extra forward and train on its harder part (Jiang et al., 2019).
+
+During ``[start, end)`` of the run, except every ``interrupt``-th batch, the batch is scored with a forward
+pass (inputs optionally downscaled by ``scale_factor``) and per-sample losses; then ``int(keep * N)`` samples are
+drawn without replacement, the sample of loss rank ``r`` (0 = lowest) with probability proportional to
+``((r + 0.5) / N) ** (1 / keep - 1)``, as in Composer. The draw uses the Gumbel-top-k trick on the step's key, so
+it is keyed, exact (the same distribution as sampling one by one without replacement) and compiles to a
+static shape.
+
+The scoring pass runs under the step's precision and does not update BatchNorm statistics (its buffers are
+discarded; Composer's scoring pass, in train mode, updates them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torch.utils._pytree as pytree
+from torch import Tensor
+
+from composer_fn.core import random as R
+from composer_fn.core.algorithm import Algorithm, Hook, register
+from composer_fn.core.event import Event
+from composer_fn.core.state import State, StepCtx, batch_get
+from composer_fn.core.time import Timestamp
+
+__all__ = [
+    "SelectiveBackprop",
+    "should_selective_backprop",
+    "selection_weights",
+    "select_indices",
+    "select_using_loss",
+]
+
+_INTERPOLATION = {3: "linear", 4: "bilinear", 5: "trilinear"}
+
+
+def should_selective_backprop(
+    current_duration: float, batch_idx: int, start: float = 0.5, end: float = 0.9, interrupt: int = 2
+) -> bool:
+    """Returns whether the batch ``batch_idx`` of the epoch, at ``current_duration`` of the run, is pruned.
+
+    True inside ``[start, end)`` except on every ``interrupt``-th batch (``interrupt = 0``: every batch).
+    """
+    in_interval = start <= current_duration < end
+    return in_interval and (interrupt == 0 or (batch_idx + 1) % interrupt != 0)
+
+
+def selection_weights(batch_size: int, keep: float) -> Tensor:
+    """Returns the sampling probability of each loss rank (0 = lowest loss), in float64, summing to 1."""
+    ranks = (torch.arange(batch_size, dtype=torch.float64) + 0.5) / batch_size
+    weights = ranks ** (1.0 / keep - 1.0)
+    return weights / weights.sum()
+
+
+def _check_keep(keep: float) -> None:
+    if not 0 < keep <= 1:
+        raise ValueError(f"keep={keep!r} must lie in (0, 1]")
+
+
+def select_indices(key: R.Key, losses: Tensor, keep: float) -> Tensor:
+    """Returns the indices of the ``int(keep * N)`` samples drawn by loss rank (see the module docstring)."""
+    _check_keep(keep)
+    if losses.dim() != 1:
+        raise ValueError(f"losses of shape {tuple(losses.shape)}: expected one loss per sample, [N]")
+    count = losses.shape[0]
+    chosen = max(int(keep * count), 1)
+    by_loss = torch.argsort(losses.float(), stable=True)
+    # Gumbel-top-k: the top k of log(p) + Gumbel noise is a draw of k items without replacement with weights p.
+    uniform = R.uniform(key, (count,), dtype=torch.float64, low=math.ulp(0.0), high=1.0).to(losses.device)
+    scores = selection_weights(count, keep).to(losses.device).log() - torch.log(-torch.log(uniform))
+    ranks = torch.topk(scores, chosen).indices
+    return by_loss[ranks]
+
+
+def _take(batch: Any, indices: Tensor, size: int) -> Any:
+    return pytree.tree_map(
+        lambda t: t.index_select(0, indices) if isinstance(t, Tensor) and t.dim() > 0 and t.shape[0] == size else t,
+        batch,
+    )
+
+
+def _downscale(input: Tensor, scale_factor: float) -> Tensor:
+    if scale_factor == 1:
+        return input
+    if input.dim() not in _INTERPOLATION:
+        raise ValueError(f"input of shape {tuple(input.shape)}: scale_factor != 1 needs a 3-, 4- or 5-d input")
+    return F.interpolate(input, scale_factor=scale_factor, mode=_INTERPOLATION[input.dim()])
+
+
+def select_using_loss(
+    input: Tensor,
+    target: Tensor,
+    model: Callable[[Tensor], Tensor],
+    loss_fun: Callable[..., Tensor],
+    keep: float = 0.5,
+    scale_factor: float = 1,
+    *,
+    key: R.Key,
+) -> tuple[Tensor, Tensor]:
+    """Returns the pruned ``(input, target)``: ``int(keep * N)`` samples drawn by loss rank (Composer's function).
+
+    ``loss_fun(outputs, target, reduction="none")`` must return per-sample losses; ``model`` is called once, without
+    gradients, on the input downscaled by ``scale_factor`` (in (0, 1]).
+    """
+    _check_keep(keep)
+    if not 0 < scale_factor <= 1:
+        raise ValueError(f"scale_factor={scale_factor!r} must lie in (0, 1]")
+    if not callable(loss_fun):
+        raise TypeError(f"loss_fun={loss_fun!r} must be callable as loss_fun(outputs, target, reduction='none')")
+    with torch.no_grad():
+        losses = loss_fun(model(_downscale(input, scale_factor)), target, reduction="none")
+        if losses.dim() > 1:
+            losses = losses.flatten(1).mean(1)
+        indices = select_indices(key, losses, keep)
+    return input.index_select(0, indices), target.index_select(0, indices)
+
+
+@register
+@dataclass(frozen=True)
+class SelectiveBackprop(Algorithm):
+    """Trains on the harder part of some batches, scored by an extra forward (Composer's ``SelectiveBackprop``).
+
+    Args:
+        start: the fraction of the run at which pruning begins.
+        end: the fraction of the run at which pruning stops.
+        keep: the fraction of each pruned batch that is kept, in (0, 1].
+        scale_factor: the input is downscaled by this for the scoring pass only, in (0, 1].
+        interrupt: every ``interrupt``-th batch of the interval is not pruned (0: every batch is).
+        input_key, target_key: where input and target sit in the batch.
+    """
+
+    placement = "first"
+    requires = frozenset({"extra_forward", "per_sample_loss"})
+
+    start: float = 0.5
+    end: float = 0.9
+    keep: float = 0.5
+    scale_factor: float = 1.0
+    interrupt: int = 2
+    input_key: int | str = 0
+    target_key: int | str = 1
+
+    def __post_init__(self) -> None:
+        _check_keep(self.keep)
+        if not 0 <= self.start <= self.end <= 1:
+            raise ValueError(f"start={self.start!r}, end={self.end!r}: expected 0 <= start <= end <= 1")
+        if not 0 < self.scale_factor <= 1:
+            raise ValueError(f"scale_factor={self.scale_factor!r} must lie in (0, 1]")
+        if isinstance(self.interrupt, bool) or not isinstance(self.interrupt, int) or self.interrupt < 0:
+            raise ValueError(f"interrupt={self.interrupt!r} must be an int >= 0")
+
+    @property
+    def stochastic(self) -> bool:
+        return self.keep < 1
+
+    def match(self, event: Event, timestamp: Timestamp) -> bool:
+        return self.keep < 1 and should_selective_backprop(
+            timestamp.elapsed, timestamp.batch_in_epoch, self.start, self.end, self.interrupt
+        )
+
+    def traced_hooks(self) -> Mapping[Event, Hook]:
+        return {Event.AFTER_DATALOADER: self._prune}
+
+    def _prune(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+        assert ctx.forward is not None and ctx.per_sample_loss_fn is not None
+        input = batch_get(ctx.batch, self.input_key)
+        size = input.shape[0]
+        with torch.no_grad():
+            outputs, _ = ctx.forward(state.params, state.buffers, _downscale(input, self.scale_factor))
+            losses = ctx.per_sample_loss_fn(outputs, ctx.batch).detach()
+            indices = select_indices(R.fold_in(ctx.key, R.name_to_int(self.name)), losses, self.keep)
+        # Every per-sample tensor of the batch is pruned alike; other items pass through unchanged.
+        return state, ctx.replace(batch=_take(ctx.batch, indices, size), per_sample_loss=losses)
