@@ -147,7 +147,9 @@ def _plan(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Tas
     train, _ = task.data(args.seed)
     batch_size = args.batch_size or task.batch_size
     steps_per_epoch = len(TensorLoader(train, batch_size, shuffle=False))
-    print(dry_run(algorithms, args.max_duration, steps_per_epoch, batch_size=batch_size).format())
+    input_shape = (batch_size, *train[0].shape[1:])
+    report = dry_run(algorithms, args.max_duration, steps_per_epoch, batch_size=batch_size, input_shape=input_shape)
+    print(report.format())
     return 0
 
 
