@@ -41,6 +41,7 @@ from composer_fn.models.init import init_parameters
 from composer_fn.optim import sgd
 from composer_fn.trainer.checkpoint import load_checkpoint, save_checkpoint
 from composer_fn.trainer.step import (
+    compile_step,
     cross_entropy_loss,
     cross_entropy_per_sample_loss,
     make_train_step,
@@ -194,7 +195,7 @@ def train_steps(
                 per_sample_loss_fn=setup.per_sample_loss_fn,
             )
             if compile_backend:
-                step = torch.compile(step, backend=compile_backend, fullgraph=True, dynamic=False)
+                step = compile_step(step, compile_backend)
             steps[plan.step_key] = step
         guard = _snapshot((state, batch)) if check_inputs else None
         before = state

@@ -14,6 +14,7 @@ input state is never written to.
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -30,6 +31,7 @@ from composer_fn.core.state import LossFn, State, Static, StepCtx, batch_get
 from composer_fn.optim.base import GradientTransformation, apply_updates
 
 __all__ = [
+    "compile_step",
     "make_train_step",
     "make_eval_step",
     "cross_entropy_loss",
@@ -230,6 +232,24 @@ def make_train_step(
         return state.replace(params=params, buffers=buffers, opt=opt, step=state.step + 1), {"loss": loss.detach()}
 
     return plain_step if grad_mode == "autograd" and not plan.hooks else train_step
+
+
+def compile_step(step: Callable[..., Any], backend: Any = "inductor") -> Callable[..., Any]:
+    """Returns ``step`` compiled as one graph (``fullgraph=True``, static shapes) with a code object of its own.
+
+    Every step that ``make_train_step`` returns shares one code object, and dynamo keeps its compiled graphs
+    and its recompile limit (8) per code object: the ninth plan of a process would fail to compile. A copy
+    of the code gives each step its own cache, so each plan compiles once however many plans a process runs.
+    """
+    if not isinstance(step, types.FunctionType):
+        return torch.compile(step, backend=backend, fullgraph=True, dynamic=False)
+    own = types.FunctionType(
+        step.__code__.replace(), step.__globals__, step.__name__, step.__defaults__, step.__closure__
+    )
+    own.__kwdefaults__ = step.__kwdefaults__
+    own.__qualname__ = step.__qualname__
+    own.__doc__ = step.__doc__
+    return torch.compile(own, backend=backend, fullgraph=True, dynamic=False)
 
 
 def _step_key(state: State, keyed: bool) -> Tensor:

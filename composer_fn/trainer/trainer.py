@@ -39,6 +39,7 @@ from composer_fn.trainer.checkpoint import load_checkpoint, save_checkpoint
 from composer_fn.trainer.step import (
     GradMode,
     StepFn,
+    compile_step,
     cross_entropy_loss,
     cross_entropy_per_sample_loss,
     make_eval_step,
@@ -241,7 +242,7 @@ class Trainer:
                 per_sample_loss_fn=self.per_sample_loss_fn,
             )
             if self.compile:
-                step = torch.compile(step, backend=self._counting_backend(), fullgraph=True, dynamic=False)
+                step = compile_step(step, self._counting_backend())
             self._steps[cache_key] = step
         return step
 
@@ -251,7 +252,7 @@ class Trainer:
         if step is None:
             step = make_eval_step(self.static, plan, input_key=self.input_key)
             if self.compile:
-                step = torch.compile(step, backend=self._counting_backend(), fullgraph=True, dynamic=False)
+                step = compile_step(step, self._counting_backend())
             self._eval_steps[cache_key] = step
         return step
 

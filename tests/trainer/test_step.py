@@ -15,7 +15,7 @@ from composer_fn.core.state import BatchMeta, State, StepCtx
 from composer_fn.core.time import Timestamp
 from composer_fn.optim import sgd
 from composer_fn.testing import make_setup
-from composer_fn.trainer.step import cross_entropy_loss, make_train_step
+from composer_fn.trainer.step import compile_step, cross_entropy_loss, make_train_step
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def _one_step(algorithms, compile_backend=None):
         static, plan, cross_entropy_loss(), sgd(0.05, momentum=0.9), grad_mode="func" if compile_backend else "autograd"
     )
     if compile_backend:
-        step = torch.compile(step, backend=compile_backend, fullgraph=True, dynamic=False)
+        step = compile_step(step, compile_backend)
     return state, step(state, setup.batches[0])
 
 
