@@ -5,7 +5,19 @@ The public surface: ``Trainer``; the records ``State``, ``StepCtx``, ``Static``;
 """
 
 from composer_fn import functional, optim
-from composer_fn.algorithms import ChannelsLast, LabelSmoothing, MixUp
+from composer_fn.algorithms import (
+    AugMix,
+    ChannelsLast,
+    ColOut,
+    CutMix,
+    CutOut,
+    LabelSmoothing,
+    MixUp,
+    ProgressiveResizing,
+    RandAugment,
+    SelectiveBackprop,
+    SeqLengthWarmup,
+)
 from composer_fn.core import random
 from composer_fn.core.algorithm import Algorithm
 from composer_fn.core.engine import dry_run, make_plan, run_event
@@ -16,10 +28,18 @@ from composer_fn.trainer import Trainer
 
 __all__ = [
     "Algorithm",
+    "AugMix",
     "ChannelsLast",
+    "ColOut",
+    "CutMix",
+    "CutOut",
     "Event",
     "LabelSmoothing",
     "MixUp",
+    "ProgressiveResizing",
+    "RandAugment",
+    "SelectiveBackprop",
+    "SeqLengthWarmup",
     "State",
     "Static",
     "StepCtx",

@@ -1,6 +1,22 @@
 """The notebook API: every pure function of every algorithm, with Composer's names plus an explicit ``key``."""
 
+from composer_fn.algorithms.augmix import (
+    AugMixParams,
+    augmix_apply,
+    augmix_batch,
+    augmix_image,
+    augmix_params,
+)
 from composer_fn.algorithms.channels_last import apply_channels_last, channels_last_tensors
+from composer_fn.algorithms.colout import ColOutParams, colout_apply, colout_batch, colout_params
+from composer_fn.algorithms.cutmix import (
+    CutMixParams,
+    cutmix_apply,
+    cutmix_batch,
+    cutmix_params,
+    cutmix_targets,
+)
+from composer_fn.algorithms.cutout import CutOutParams, cutout_apply, cutout_batch, cutout_params
 from composer_fn.algorithms.label_smoothing import smooth_labels
 from composer_fn.algorithms.mixup import MixUpParams, mixup_apply, mixup_batch, mixup_params, mixup_targets
 from composer_fn.algorithms.progressive_resizing import (
@@ -12,31 +28,64 @@ from composer_fn.algorithms.progressive_resizing import (
     resize_apply,
     resize_batch,
 )
+from composer_fn.algorithms.randaugment import (
+    RandAugmentParams,
+    randaugment_apply,
+    randaugment_batch,
+    randaugment_image,
+    randaugment_params,
+)
 from composer_fn.algorithms.selective_backprop import (
     select_indices,
     select_using_loss,
     selection_weights,
     should_selective_backprop,
 )
+from composer_fn.algorithms.seq_length_warmup import set_batch_sequence_length, warmup_sequence_length
 
 __all__ = [
+    "AugMixParams",
+    "ColOutParams",
     "CropParams",
+    "CutMixParams",
+    "CutOutParams",
     "MixUpParams",
+    "RandAugmentParams",
     "apply_channels_last",
+    "augmix_apply",
+    "augmix_batch",
+    "augmix_image",
+    "augmix_params",
     "channels_last_tensors",
+    "colout_apply",
+    "colout_batch",
+    "colout_params",
     "crop_apply",
     "crop_params",
+    "cutmix_apply",
+    "cutmix_batch",
+    "cutmix_params",
+    "cutmix_targets",
+    "cutout_apply",
+    "cutout_batch",
+    "cutout_params",
     "mixup_apply",
     "mixup_batch",
     "mixup_params",
     "mixup_targets",
     "pinned_size",
     "progressive_scale",
+    "randaugment_apply",
+    "randaugment_batch",
+    "randaugment_image",
+    "randaugment_params",
     "resize_apply",
     "resize_batch",
     "select_indices",
     "select_using_loss",
     "selection_weights",
     "should_selective_backprop",
+    "set_batch_sequence_length",
     "smooth_labels",
+    "warmup_sequence_length",
 ]

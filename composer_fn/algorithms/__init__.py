@@ -1,9 +1,27 @@
 """Every algorithm record, registered in ``composer_fn.core.algorithm.REGISTRY``."""
 
+from composer_fn.algorithms.augmix import AugMix
 from composer_fn.algorithms.channels_last import ChannelsLast
+from composer_fn.algorithms.colout import ColOut
+from composer_fn.algorithms.cutmix import CutMix
+from composer_fn.algorithms.cutout import CutOut
 from composer_fn.algorithms.label_smoothing import LabelSmoothing
 from composer_fn.algorithms.mixup import MixUp
 from composer_fn.algorithms.progressive_resizing import ProgressiveResizing
+from composer_fn.algorithms.randaugment import RandAugment
 from composer_fn.algorithms.selective_backprop import SelectiveBackprop
+from composer_fn.algorithms.seq_length_warmup import SeqLengthWarmup
 
-__all__ = ["ChannelsLast", "LabelSmoothing", "MixUp", "ProgressiveResizing", "SelectiveBackprop"]
+__all__ = [
+    "AugMix",
+    "ChannelsLast",
+    "ColOut",
+    "CutMix",
+    "CutOut",
+    "LabelSmoothing",
+    "MixUp",
+    "ProgressiveResizing",
+    "RandAugment",
+    "SelectiveBackprop",
+    "SeqLengthWarmup",
+]

@@ -5,8 +5,11 @@ where ``indices`` is a random permutation of the batch and ``mixing = min(λ, 1 
 so the original example always carries the larger weight (Composer's convention; ``mixing = 0`` leaves the
 batch unchanged).
 
+Composer draws one λ for the batch; ``per_sample=True`` draws one per example (``mixing`` of shape ``[B]``),
+still in one vectorized ``lerp``.
+
 λ is drawn on the host from the step's key with an exact Beta sampler (BATCH_START) and handed to the
-traced step as a 0-d tensor; the permutation is drawn inside the traced step from the same key, so the
+traced step as a tensor (0-d, or ``[B]`` per sample); the permutation is drawn inside the traced step from the same key, so the
 algorithm reproduces ``mixup_params(key, ...)`` bit for bit.
 """
 
@@ -16,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -26,11 +30,20 @@ from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx, batch_get, batch_set
 from composer_fn.core.time import Timestamp
 
-__all__ = ["MixUp", "MixUpParams", "mixup_params", "mixup_apply", "mixup_targets", "mixup_batch", "draw_mixing"]
+__all__ = [
+    "MixUp",
+    "MixUpParams",
+    "mixup_params",
+    "mixup_apply",
+    "mixup_targets",
+    "mixup_batch",
+    "draw_mixing",
+    "draw_mixing_per_sample",
+]
 
 
 class MixUpParams(NamedTuple):
-    """The random draws of one MixUp: the weight of the permuted example and the permutation."""
+    """The random draws of one MixUp: the weight of the permuted example (0-d, or ``[B]``) and the permutation."""
 
     mixing: Tensor
     indices: Tensor
@@ -46,31 +59,55 @@ def draw_mixing(key: R.HostKey, alpha: float) -> float:
     return min(lam, 1.0 - lam)
 
 
-def mixup_params(key: R.Key, batch_size: int, *, alpha: float = 0.2) -> MixUpParams:
-    """Returns the MixUp draws for a batch: mixing from the host mirror of ``key``, indices from ``key``."""
+def draw_mixing_per_sample(key: R.HostKey, alpha: float, batch_size: int) -> Tensor:
+    """Returns ``min(λ, 1 - λ)`` for ``batch_size`` draws λ ~ Beta(α, α) from the host key, as float32 ``[B]``."""
+    if alpha < 0:
+        raise ValueError(f"alpha={alpha!r} must be non-negative")
+    if alpha == 0:
+        return torch.zeros(batch_size, dtype=torch.float32)
+    lam = R.host_rng(key).beta(alpha, alpha, size=batch_size)
+    return torch.tensor(np.minimum(lam, 1.0 - lam), dtype=torch.float32)
+
+
+def mixup_params(key: R.Key, batch_size: int, *, alpha: float = 0.2, per_sample: bool = False) -> MixUpParams:
+    """Returns the MixUp draws for a batch: mixing from the host mirror of ``key``, indices from ``key``.
+
+    ``per_sample`` draws one mixing weight per example (``[B]``) instead of one for the batch (0-d).
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be positive")
-    mixing = draw_mixing(R.to_host(key), alpha)
-    return MixUpParams(torch.tensor(mixing, dtype=torch.float32), R.permutation(key, batch_size))
+    if per_sample:
+        mixing = draw_mixing_per_sample(R.to_host(key), alpha, batch_size)
+    else:
+        mixing = torch.tensor(draw_mixing(R.to_host(key), alpha), dtype=torch.float32)
+    return MixUpParams(mixing, R.permutation(key, batch_size))
 
 
 def _weight(mixing: Tensor | float, like: Tensor) -> Tensor | float:
-    if isinstance(mixing, Tensor):
-        return mixing.to(like.dtype)
-    return mixing
+    if not isinstance(mixing, Tensor):
+        return mixing
+    if mixing.dim() == 1:
+        # One weight per example, broadcast over the example's other dimensions.
+        return mixing.to(like.dtype).reshape((-1,) + (1,) * (like.dim() - 1))
+    return mixing.to(like.dtype)
 
 
 def mixup_apply(input: Tensor, indices: Tensor, mixing: Tensor | float) -> Tensor:
-    """Returns ``(1 - mixing) * input + mixing * input[indices]`` (one pass, via ``torch.lerp``)."""
+    """Returns ``(1 - mixing) * input + mixing * input[indices]`` (one pass, via ``torch.lerp``).
+
+    ``mixing`` is a number, a 0-d tensor, or one weight per example (``[B]``).
+    """
     if not input.is_floating_point():
         raise TypeError(f"input of dtype {input.dtype}: MixUp needs floating-point inputs")
-    return torch.lerp(input, input[indices], _weight(mixing, input))
+    # index_select rather than input[indices]: the same values, a third of the time on the CPU.
+    return torch.lerp(input, input.index_select(0, indices.to(input.device)), _weight(mixing, input))
 
 
 def mixup_targets(target: Tensor, indices: Tensor, mixing: Tensor | float, num_classes: int) -> Tensor:
     """Returns ``(1 - mixing) * y + mixing * y[indices]`` with ``y`` the one-hot (or soft) targets."""
     probabilities = ensure_targets_one_hot(target, num_classes)
-    return torch.lerp(probabilities, probabilities[indices], _weight(mixing, probabilities))
+    permuted = probabilities.index_select(0, indices.to(probabilities.device))
+    return torch.lerp(probabilities, permuted, _weight(mixing, probabilities))
 
 
 def mixup_batch(
@@ -82,24 +119,32 @@ def mixup_batch(
     *,
     key: R.Key | None = None,
     num_classes: int | None = None,
+    per_sample: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Returns ``(mixed inputs, mixed targets, mixing)`` for a batch: the whole of MixUp, not half of it.
 
     Composer's ``mixup_batch`` returns the permuted targets and leaves mixing them to the caller; this one
-    returns the finished targets. Draws not given explicitly (``mixing``, ``indices``) come from ``key``.
+    returns the finished targets. Draws not given explicitly (``mixing``, ``indices``) come from ``key``;
+    ``per_sample`` draws one mixing weight per example, and an explicit ``mixing`` of shape ``[B]`` gives one.
     Class-index targets need ``num_classes``; probability targets of shape ``[B, C, ...]`` do not.
     """
     batch_size = input.shape[0]
     if (mixing is None or indices is None) and key is None:
         raise ValueError("key is required unless both mixing= and indices= are given")
     if key is not None:
-        drawn = mixup_params(key, batch_size, alpha=alpha)
+        drawn = mixup_params(key, batch_size, alpha=alpha, per_sample=per_sample)
         mixing = drawn.mixing if mixing is None else mixing
         indices = drawn.indices.to(input.device) if indices is None else indices
     assert mixing is not None and indices is not None
     mixing_t = torch.as_tensor(mixing, dtype=torch.float32)
-    if not 0.0 <= float(mixing_t) <= 1.0:
+    if mixing_t.shape not in ((), (batch_size,)):
+        raise ValueError(f"mixing of shape {tuple(mixing_t.shape)}: expected () or ({batch_size},), one per example")
+    outside = ~((mixing_t >= 0) & (mixing_t <= 1))
+    if mixing_t.dim() == 0 and bool(outside):
         raise ValueError(f"mixing={float(mixing_t)!r} must lie in [0, 1]")
+    if bool(outside.any()):
+        index = int(outside.nonzero()[0])
+        raise ValueError(f"mixing[{index}]={float(mixing_t[index])!r} must lie in [0, 1]")
     if indices.shape != (batch_size,):
         raise ValueError(f"indices of shape {tuple(indices.shape)}: expected ({batch_size},), one per example")
     if num_classes is None:
@@ -119,6 +164,8 @@ class MixUp(Algorithm):
         alpha: the Beta(α, α) concentration; 0 disables mixing.
         interpolate_loss: instead of mixing the targets, replace the loss by
             ``(1 - mixing) * loss(y) + mixing * loss(y[indices])`` (equal for cross-entropy).
+        per_sample: draw one mixing weight per example; by default one serves the whole batch, as in
+            Composer. Needs mixed targets: per-example weights cannot interpolate a batch-mean loss.
         input_key: where the input sits in the batch.
         target_key: where the target sits in the batch.
     """
@@ -127,15 +174,28 @@ class MixUp(Algorithm):
 
     alpha: float = 0.2
     interpolate_loss: bool = False
+    per_sample: bool = False
     input_key: int | str = 0
     target_key: int | str = 1
 
     def __post_init__(self) -> None:
         if self.alpha < 0:
             raise ValueError(f"alpha={self.alpha!r} must be non-negative")
+        if self.per_sample and self.interpolate_loss:
+            raise ValueError(
+                "per_sample=True with interpolate_loss=True: a per-example weight cannot interpolate the "
+                "batch-mean loss; use interpolate_loss=False (mixed targets) or per_sample=False"
+            )
+
+    @property
+    def stochastic(self) -> bool:
+        return self.alpha > 0
 
     def init(self, static: Static, state: State) -> Tensor:
-        return torch.zeros((), dtype=torch.float32, device=state.step.device)
+        # Per-example draws live in the state only from BATCH_START to the step; at rest the entry is empty,
+        # so a checkpoint has the same shape whatever the batch size.
+        shape = (0,) if self.per_sample else ()
+        return torch.zeros(shape, dtype=torch.float32, device=state.step.device)
 
     def host_hooks(self) -> Mapping[Event, HostHook]:
         return {Event.BATCH_START: self._draw_mixing}
@@ -151,8 +211,14 @@ class MixUp(Algorithm):
         self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
     ) -> tuple[Static, State]:
         step_key = R.host_fold_in(R.host_key(static.seed), timestamp.batch)
-        mixing = draw_mixing(R.host_fold_in(step_key, R.name_to_int(self.name)), self.alpha)
-        value = torch.tensor(mixing, dtype=torch.float32).to(state.step.device, non_blocking=True)
+        key = R.host_fold_in(step_key, R.name_to_int(self.name))
+        if self.per_sample:
+            if meta is None:
+                raise ValueError("MixUp(per_sample=True) needs the batch size at BATCH_START (BatchMeta)")
+            drawn = draw_mixing_per_sample(key, self.alpha, meta.batch_size)
+        else:
+            drawn = torch.tensor(draw_mixing(key, self.alpha), dtype=torch.float32)
+        value = drawn.to(state.step.device, non_blocking=True)
         return static, state.replace(algos={**state.algos, self.name: value})
 
     def _mix_inputs(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
@@ -165,7 +231,10 @@ class MixUp(Algorithm):
 
     def _mix_targets(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
         target = batch_get(ctx.batch, self.target_key)
-        mixed = mixup_targets(target, ctx.scratch[self.name], state.algos[self.name], ctx.outputs.shape[1])
+        mixing = state.algos[self.name]
+        mixed = mixup_targets(target, ctx.scratch[self.name], mixing, ctx.outputs.shape[1])
+        if self.per_sample:
+            state = state.replace(algos={**state.algos, self.name: mixing.new_zeros(0)})
         return state, ctx.replace(batch=batch_set(ctx.batch, self.target_key, mixed))
 
     def _mix_loss(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:

@@ -9,10 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from composer_fn.algorithms import MixUp
+from composer_fn.algorithms.mixup import draw_mixing, mixup_apply, mixup_targets
 from composer_fn.core import random as R
 from composer_fn.core.engine import make_plan
 from composer_fn.functional import mixup_batch, mixup_params
-from composer_fn.testing import make_setup, train_steps
+from composer_fn.testing import CHECKS, make_setup, train_steps
 
 seeds = st.integers(0, 2**32 - 1)
 sizes = st.integers(1, 9)
@@ -81,8 +82,9 @@ def test_interpolated_loss_equals_the_loss_on_mixed_targets_for_cross_entropy(se
     torch.testing.assert_close(F.cross_entropy(logits, mixed), interpolated)
 
 
-def test_the_algorithm_draws_exactly_what_mixup_params_draws_from_the_step_key() -> None:
-    algorithm = MixUp(alpha=0.4)
+@pytest.mark.parametrize("per_sample", [False, True])
+def test_the_algorithm_draws_exactly_what_mixup_params_draws_from_the_step_key(per_sample: bool) -> None:
+    algorithm = MixUp(alpha=0.4, per_sample=per_sample)
     setup = make_setup([algorithm], seed=3, steps=1)
     plan = make_plan(setup.algorithms)
     from composer_fn.core.event import Event
@@ -94,9 +96,10 @@ def test_the_algorithm_draws_exactly_what_mixup_params_draws_from_the_step_key()
     step_key = R.fold_in(R.key(3), 0)
     ctx = StepCtx(batch=setup.batches[0], key=step_key, loss_fn=lambda o, b: o.sum())
     _, ctx = plan.hooks[Event.BEFORE_FORWARD][0](state, ctx)
-    expected = mixup_params(R.fold_in(step_key, R.name_to_int("mixup")), 8, alpha=0.4)
+    expected = mixup_params(R.fold_in(step_key, R.name_to_int("mixup")), 8, alpha=0.4, per_sample=per_sample)
     assert torch.equal(state.algos["mixup"], expected.mixing)
     assert torch.equal(ctx.scratch["mixup"], expected.indices)
+    assert state.algos["mixup"].shape == ((8,) if per_sample else ())
 
 
 def test_interpolate_loss_trains_like_mixed_targets_for_cross_entropy() -> None:
@@ -117,5 +120,95 @@ def test_bad_arguments_name_the_argument_and_value() -> None:
         mixup_batch(x, y, mixing=1.5, key=R.key(0), num_classes=3)
     with pytest.raises(ValueError, match="indices of shape"):
         mixup_batch(x, y, mixing=0.2, indices=torch.arange(3), num_classes=3)
+    with pytest.raises(ValueError, match="per_sample=True with interpolate_loss=True"):
+        MixUp(per_sample=True, interpolate_loss=True)
+    with pytest.raises(ValueError, match="mixing of shape"):
+        mixup_batch(x, y, mixing=torch.full((3,), 0.2), key=R.key(0), num_classes=3)
+    with pytest.raises(ValueError, match=r"mixing\[1\]=1.5"):
+        mixup_batch(x, y, mixing=torch.tensor([0.2, 1.5, 0.0, 0.1]), key=R.key(0), num_classes=3)
     with pytest.raises(TypeError, match="floating-point"):
         mixup_batch(y.reshape(4, 1).float().long(), y, key=R.key(0), num_classes=3)
+
+
+@given(seeds, sizes, st.floats(0.01, 4.0))
+def test_batch_mode_draws_one_mixing_from_the_host_key_as_before(seed, batch, alpha) -> None:
+    drawn = mixup_params(R.key(seed), batch, alpha=alpha)
+    assert drawn.mixing.shape == ()
+    assert torch.equal(
+        drawn.mixing, torch.tensor(draw_mixing(R.to_host(R.key(seed)), alpha), dtype=torch.float32)
+    )
+
+
+@given(seeds, sizes, classes, st.floats(0.01, 4.0))
+def test_per_sample_targets_sum_to_one_and_each_original_stays_dominant(
+    seed, batch, num_classes, alpha
+) -> None:
+    x, y = _batch(seed, batch, num_classes)
+    _, mixed, mixing = mixup_batch(
+        x, y, alpha=alpha, key=R.key(seed), num_classes=num_classes, per_sample=True
+    )
+    assert mixing.shape == (batch,)
+    torch.testing.assert_close(mixed.sum(dim=1), torch.ones(batch), rtol=0, atol=1e-6)
+    assert bool(((mixing >= 0) & (mixing <= 0.5)).all())
+
+
+@given(seeds, st.integers(2, 9), classes, st.floats(0.01, 4.0))
+def test_per_sample_mixup_equals_a_loop_over_examples(seed, batch, num_classes, alpha) -> None:
+    x, y = _batch(seed, batch, num_classes)
+    mixed_x, mixed_y, mixing = mixup_batch(
+        x, y, alpha=alpha, key=R.key(seed), num_classes=num_classes, per_sample=True
+    )
+    indices = R.permutation(R.key(seed), batch)
+    one_hot = F.one_hot(y, num_classes).float()
+    for b in range(batch):
+        weight, source = float(mixing[b]), int(indices[b])
+        torch.testing.assert_close(mixed_x[b], (1 - weight) * x[b] + weight * x[source], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            mixed_y[b], (1 - weight) * one_hot[b] + weight * one_hot[source], rtol=1e-5, atol=1e-6
+        )
+
+
+@given(seeds, st.integers(2, 9), st.floats(0.0, 0.5))
+def test_equal_per_sample_weights_give_the_batch_mode_result_bitwise(seed, batch, mixing) -> None:
+    x, y = _batch(seed, batch, 4)
+    indices = R.permutation(R.key(seed), batch)
+    scalar, vector = torch.tensor(mixing), torch.full((batch,), mixing)
+    assert torch.equal(mixup_apply(x, indices, scalar), mixup_apply(x, indices, vector))
+    assert torch.equal(mixup_targets(y, indices, scalar, 4), mixup_targets(y, indices, vector, 4))
+
+
+@given(seeds, st.integers(8, 16))
+def test_per_sample_draws_differ_between_examples_and_keys(seed, batch) -> None:
+    first = mixup_params(R.key(seed), batch, alpha=1.0, per_sample=True)
+    assert torch.equal(first.mixing, mixup_params(R.key(seed), batch, alpha=1.0, per_sample=True).mixing)
+    assert len(set(first.mixing.tolist())) == batch
+    assert not torch.equal(
+        first.mixing, mixup_params(R.key(seed ^ 1), batch, alpha=1.0, per_sample=True).mixing
+    )
+
+
+@pytest.fixture
+def fresh_compiler():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_per_sample_mixup_honours_the_contract(fresh_compiler, check) -> None:
+    check(MixUp(per_sample=True))
+
+
+@pytest.mark.slow
+def test_compiled_per_sample_mixing_equals_eager_bitwise(fresh_compiler) -> None:
+    x, y = _batch(3, 6, 5)
+    mixing = mixup_params(R.key(3), 6, alpha=1.0, per_sample=True).mixing
+
+    def mix(input, target, indices, mixing):
+        return mixup_apply(input, indices, mixing), mixup_targets(target, indices, mixing, 5)
+
+    compiled = torch.compile(mix, backend="aot_eager", fullgraph=True, dynamic=False)
+    indices = R.permutation(R.key(3), 6)
+    for eager, fast in zip(mix(x, y, indices, mixing), compiled(x, y, indices, mixing), strict=True):
+        assert torch.equal(eager, fast)

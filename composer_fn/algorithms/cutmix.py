@@ -1,0 +1,399 @@
+"""CutMix: paste a box of another example into each example and mix the targets by area (Yun et al., 2019).
+
+λ ~ Beta(α, α) sets the box: its sides are ``int(H * sqrt(1 - λ))`` by ``int(W * sqrt(1 - λ))`` pixels before
+Composer's rounding (the half side is rounded down on each side of the centre) and clipping at the border.
+The centre is uniform over the pixels or, with ``uniform_sampling``, uniform over the positions that make
+every pixel equally likely to be pasted over (the centre may then lie up to half a side outside the image).
+After clipping, the weight of the original example is set to the exact unmixed fraction
+``area = 1 - box pixels / (H * W)`` (Composer's adjusted λ), so
+``y_mix = area * y + (1 - area) * y[indices]``.
+
+Composer draws one box for the batch; ``per_sample=True`` draws a λ and a box for each example. Boxes are
+integer tensors and the paste is ``where(mask, x[indices], x)`` with the mask built from ``arange``
+comparisons: vectorized, static shapes, about the same cost in both modes.
+
+λ is drawn on the host from the step's key (BATCH_START) and handed to the traced step as a tensor; the box
+centre and the permutation are drawn inside the traced step from the same key, so the algorithm reproduces
+``cutmix_params(key, ...)`` bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from composer_fn.algorithms._targets import ensure_targets_one_hot
+from composer_fn.algorithms.cutout import _SAME_SIZE_INTEGERS, _plain, box_mask
+from composer_fn.core import random as R
+from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
+from composer_fn.core.event import Event
+from composer_fn.core.state import BatchMeta, State, Static, StepCtx, batch_get, batch_set
+from composer_fn.core.time import Timestamp
+
+__all__ = [
+    "CutMix",
+    "CutMixParams",
+    "cutmix_params",
+    "cutmix_boxes",
+    "cutmix_apply",
+    "cutmix_targets",
+    "cutmix_batch",
+    "draw_cutmix_lambda",
+]
+
+_MAX_SIDE = 2**23
+
+
+class CutMixParams(NamedTuple):
+    """The draws of one CutMix.
+
+    Attributes:
+        bbox: ``int64 [4]`` (one box for the batch) or ``[B, 4]`` (one per example) in Composer's order
+            ``(x1, y1, x2, y2)``: the box covers rows ``x1:x2`` and columns ``y1:y2`` (Composer slices
+            ``input[..., x1:x2, y1:y2]``).
+        indices: ``int64 [B]``, the permutation: example ``b`` receives the box of example ``indices[b]``.
+        area: ``float32``, 0-d or ``[B]``: the unmixed fraction ``1 - box pixels / (H * W)``, the weight of
+            the original example's target (Composer's adjusted λ).
+    """
+
+    bbox: Tensor
+    indices: Tensor
+    area: Tensor
+
+
+def draw_cutmix_lambda(key: R.HostKey, alpha: float, batch_size: int | None = None) -> Tensor:
+    """Returns λ ~ Beta(α, α) drawn from the host key as float32: 0-d, or ``[batch_size]`` draws.
+
+    ``alpha == 0`` gives λ = 0, Composer's convention (the largest box, not the identity).
+    """
+    if alpha < 0:
+        raise ValueError(f"alpha={alpha!r} must be non-negative")
+    shape = () if batch_size is None else (batch_size,)
+    if alpha == 0:
+        return torch.zeros(shape, dtype=torch.float32)
+    draws = R.host_rng(key).beta(alpha, alpha, size=batch_size)
+    return torch.tensor(draws, dtype=torch.float32)
+
+
+def _cut_ratio(cutmix_lambda: Tensor) -> Tensor:
+    # float64, as Composer's NumPy arithmetic; both the host and the traced path go through here.
+    return torch.sqrt(1.0 - cutmix_lambda.to(torch.float64))
+
+
+def _check_size(height: int, width: int) -> None:
+    for name, size in (("height", height), ("width", width)):
+        if not 1 <= size <= _MAX_SIDE:
+            raise ValueError(f"{name}={size!r} must lie in [1, {_MAX_SIDE}]")
+
+
+def _unmixed_area(bbox: Tensor, height: int, width: int) -> Tensor:
+    pasted = (bbox[..., 2] - bbox[..., 0]) * (bbox[..., 3] - bbox[..., 1])
+    return (1.0 - pasted.to(torch.float64) / (height * width)).to(torch.float32)
+
+
+def _box_along(words: Tensor, cut: Tensor, size: int, uniform_sampling: bool) -> tuple[Tensor, Tensor]:
+    if uniform_sampling:
+        # Composer's randint(-cut // 2, size + cut // 2): a span of size + cut positions.
+        centre = ((words * (size + cut)) >> 32) - (cut + 1) // 2
+    else:
+        centre = (words * size) >> 32
+    half = cut // 2
+    return (centre - half).clamp(0, size), (centre + half).clamp(0, size)
+
+
+def cutmix_boxes(
+    key: R.Key, batch_size: int, height: int, width: int, cut_ratio: Tensor, *, uniform_sampling: bool = False
+) -> CutMixParams:
+    """Returns the CutMix draws for boxes of side ratio ``cut_ratio`` (0-d: one box; ``[B]``: one per example).
+
+    The traced half of CutMix: the permutation and the box centres come from ``key`` with tensor ops only,
+    so it runs inside a compiled step. Box sides are ``floor(cut_ratio * H)`` by ``floor(cut_ratio * W)``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be positive")
+    _check_size(height, width)
+    if cut_ratio.dim() > 1 or (cut_ratio.dim() == 1 and cut_ratio.shape[0] != batch_size):
+        raise ValueError(f"cut_ratio of shape {tuple(cut_ratio.shape)}: expected () or ({batch_size},)")
+    ratio = cut_ratio.to(device=key.device, dtype=torch.float64).reshape(-1)
+    cut_rows = torch.floor(ratio * height).to(torch.int64)
+    cut_cols = torch.floor(ratio * width).to(torch.int64)
+    # One stream of words for everything (each eager sampler call costs tens of small ops): the first
+    # batch_size words sorted give exactly R.permutation(key, batch_size), the next ones the box centres.
+    words = R.bits(key, (batch_size + 2 * ratio.shape[0],))
+    indices = torch.argsort(words[:batch_size], stable=True)
+    centres = words[batch_size:].reshape(-1, 2)
+    row_start, row_end = _box_along(centres[:, 0], cut_rows, height, uniform_sampling)
+    col_start, col_end = _box_along(centres[:, 1], cut_cols, width, uniform_sampling)
+    bbox = torch.stack((row_start, col_start, row_end, col_end), dim=-1)
+    if cut_ratio.dim() == 0:
+        bbox = bbox[0]
+    return CutMixParams(bbox, indices, _unmixed_area(bbox, height, width))
+
+
+def cutmix_params(
+    key: R.Key,
+    batch_size: int,
+    height: int,
+    width: int,
+    *,
+    alpha: float = 1.0,
+    uniform_sampling: bool = False,
+    per_sample: bool = False,
+    length: float | None = None,
+) -> CutMixParams:
+    """Returns the CutMix draws for a batch: λ from the host mirror of ``key``, box and permutation from ``key``.
+
+    With ``length`` (a fraction in [0, 1]) the box sides are ``int(length * H)`` by ``int(length * W)`` and no
+    λ is drawn. ``per_sample`` draws a λ and a box for each example instead of one for the batch.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be positive")
+    shape = (batch_size,) if per_sample else ()
+    if length is None:
+        cutmix_lambda = draw_cutmix_lambda(R.to_host(key), alpha, batch_size if per_sample else None)
+        ratio = _cut_ratio(cutmix_lambda)
+    else:
+        if not 0.0 <= length <= 1.0:
+            raise ValueError(f"length={length!r} must lie in [0, 1] (a fraction of H and of W)")
+        ratio = torch.full(shape, length, dtype=torch.float64)
+    return cutmix_boxes(key, batch_size, height, width, ratio, uniform_sampling=uniform_sampling)
+
+
+def _select(mask: Tensor, source: Tensor, input: Tensor) -> Tensor:
+    """Returns ``torch.where(mask, source, input)``, bit for bit."""
+    bits = _SAME_SIZE_INTEGERS.get(input.element_size())
+    if bits is None or _plain(input):
+        return torch.where(mask, source, input)
+    # Eagerly on the CPU, torch.where measured about twice as slow as this bitwise select on the same bits,
+    # input ^ ((input ^ source) & mask). The in-place ops write only into `out`, created here.
+    plain = input.view(bits)
+    out = torch.bitwise_xor(plain, source.view(bits))
+    out.mul_(mask)
+    out.bitwise_xor_(plain)
+    return out.view(input.dtype)
+
+
+def cutmix_apply(input: Tensor, params: CutMixParams) -> Tensor:
+    """Returns ``input [B, ..., H, W]`` with each box replaced by the same box of ``input[indices]``.
+
+    Works for any dtype (images in uint8, dense targets of class indices); the result has ``input``'s dtype.
+    """
+    if input.dim() < 3:
+        raise ValueError(f"input of shape {tuple(input.shape)}: expected [B, ..., H, W]")
+    bbox, indices = params.bbox.to(input.device), params.indices.to(input.device)
+    batch_size, (height, width) = input.shape[0], input.shape[-2:]
+    if indices.shape != (batch_size,):
+        raise ValueError(
+            f"indices of shape {tuple(indices.shape)}: expected ({batch_size},), one per example"
+        )
+    mask = box_mask(bbox, height, width)
+    if bbox.dim() == 2:
+        if bbox.shape[0] != batch_size:
+            raise ValueError(f"bbox of shape {tuple(bbox.shape)}: expected [4] or [{batch_size}, 4]")
+        mask = mask.reshape((batch_size,) + (1,) * (input.dim() - 3) + (height, width))
+    elif bbox.dim() != 1:
+        raise ValueError(f"bbox of shape {tuple(bbox.shape)}: expected [4] or [{batch_size}, 4]")
+    # index_select rather than input[indices]: the same values, a third of the time on the CPU.
+    return _select(mask, input.index_select(0, indices), input)
+
+
+def cutmix_targets(target: Tensor, params: CutMixParams, num_classes: int) -> Tensor:
+    """Returns ``area * y + (1 - area) * y[indices]`` with ``y`` the one-hot (or soft) targets.
+
+    For class targets; dense targets (one value per pixel) get the box pasted instead, with ``cutmix_apply``.
+    """
+    probabilities = ensure_targets_one_hot(target, num_classes)
+    area = params.area.to(device=probabilities.device, dtype=probabilities.dtype)
+    if area.dim() == 1:
+        area = area.reshape((-1,) + (1,) * (probabilities.dim() - 1))
+    permuted = probabilities.index_select(0, params.indices.to(probabilities.device))
+    return torch.lerp(probabilities, permuted, 1.0 - area)
+
+
+def _is_dense(target: Tensor, input: Tensor) -> bool:
+    # Composer's rule: a target with the input's height and width holds one value per pixel.
+    return target.dim() > 2 and target.shape[-2:] == input.shape[-2:]
+
+
+def _bbox_tensor(bbox: Sequence[int] | Tensor, batch_size: int, height: int, width: int) -> Tensor:
+    box = torch.as_tensor(bbox)
+    if box.is_floating_point() or box.shape not in ((4,), (batch_size, 4)):
+        raise ValueError(
+            f"bbox={bbox!r}: expected 4 integers (x1, y1, x2, y2) or an integer tensor [{batch_size}, 4]"
+        )
+    box = box.to(torch.int64)
+    x1, y1, x2, y2 = box.unbind(-1)
+    if not bool(((0 <= x1) & (x1 <= x2) & (x2 <= height) & (0 <= y1) & (y1 <= y2) & (y2 <= width)).all()):
+        raise ValueError(
+            f"bbox={bbox!r} must satisfy 0 <= x1 <= x2 <= H={height} (rows) and 0 <= y1 <= y2 <= W={width} (columns)"
+        )
+    return box
+
+
+def cutmix_batch(
+    input: Tensor,
+    target: Tensor,
+    length: float | None = None,
+    alpha: float = 1.0,
+    bbox: Sequence[int] | Tensor | None = None,
+    indices: Tensor | None = None,
+    uniform_sampling: bool = False,
+    *,
+    key: R.Key | None = None,
+    num_classes: int | None = None,
+    per_sample: bool = False,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Returns ``(mixed inputs, mixed targets, area, bbox)`` for a batch: the whole of CutMix.
+
+    Composer's ``cutmix_batch`` returns the permuted targets and leaves mixing them to the caller; this one
+    returns the finished targets: ``area * y + (1 - area) * y[indices]`` for class targets, the pasted box
+    for dense targets (same height and width as the input). ``area`` is the unmixed fraction (Composer's
+    adjusted λ), ``bbox`` the box in Composer's ``(x1, y1, x2, y2)`` order (rows ``x1:x2``, columns
+    ``y1:y2``). Draws not given explicitly (``bbox``, ``indices``) come from ``key``; a ``bbox`` of shape
+    ``[B, 4]`` gives one box per example. Class-index targets need ``num_classes``.
+    """
+    if bbox is not None and length is not None:
+        raise ValueError(f"give length or bbox, not both; got length={length!r} and bbox={bbox!r}")
+    if input.dim() < 3:
+        raise ValueError(f"input of shape {tuple(input.shape)}: expected [B, C, H, W]")
+    batch_size, (height, width) = input.shape[0], input.shape[-2:]
+    if (bbox is None or indices is None) and key is None:
+        raise ValueError("key is required unless both bbox= and indices= are given")
+    if bbox is None:
+        assert key is not None
+        params = cutmix_params(
+            key,
+            batch_size,
+            height,
+            width,
+            alpha=alpha,
+            uniform_sampling=uniform_sampling,
+            per_sample=per_sample,
+            length=length,
+        )
+        if indices is not None:
+            params = params._replace(indices=torch.as_tensor(indices))
+    else:
+        box = _bbox_tensor(bbox, batch_size, height, width)
+        if indices is None:
+            assert key is not None
+            indices = R.permutation(key, batch_size)
+        params = CutMixParams(box, torch.as_tensor(indices), _unmixed_area(box, height, width))
+    params = CutMixParams(*(t.to(input.device) for t in params))
+    mixed = cutmix_apply(input, params)
+    if _is_dense(target, input):
+        return mixed, cutmix_apply(target, params), params.area, params.bbox
+    if num_classes is None:
+        if not target.is_floating_point():
+            raise ValueError("num_classes is required when target holds class indices")
+        num_classes = target.shape[1]
+    return mixed, cutmix_targets(target, params, num_classes), params.area, params.bbox
+
+
+@register
+@dataclass(frozen=True)
+class CutMix(Algorithm):
+    """Pastes a box of a permuted example into each example and mixes the targets by area (Composer's ``CutMix``).
+
+    Args:
+        alpha: the Beta(α, α) concentration of λ; the box side ratio is ``sqrt(1 - λ)``.
+        interpolate_loss: instead of mixing the targets, replace the loss by
+            ``area * loss(y) + (1 - area) * loss(y[indices])`` (equal for cross-entropy).
+        uniform_sampling: draw box centres so that every pixel is equally likely to be pasted over.
+        per_sample: draw a λ and a box for each example; by default one serves the whole batch, as in
+            Composer. Needs mixed targets: per-example weights cannot interpolate a batch-mean loss.
+        input_key: where the input sits in the batch.
+        target_key: where the target sits in the batch.
+    """
+
+    algorithm_name = "cutmix"
+
+    alpha: float = 1.0
+    interpolate_loss: bool = False
+    uniform_sampling: bool = False
+    per_sample: bool = False
+    input_key: int | str = 0
+    target_key: int | str = 1
+
+    def __post_init__(self) -> None:
+        if self.alpha < 0:
+            raise ValueError(f"alpha={self.alpha!r} must be non-negative")
+        if self.per_sample and self.interpolate_loss:
+            raise ValueError(
+                "per_sample=True with interpolate_loss=True: a per-example weight cannot interpolate the "
+                "batch-mean loss; use interpolate_loss=False (mixed targets) or per_sample=False"
+            )
+
+    @property
+    def stochastic(self) -> bool:
+        return True
+
+    def init(self, static: Static, state: State) -> Tensor:
+        # Per-example draws live in the state only from BATCH_START to the step; at rest the entry is empty,
+        # so a checkpoint has the same shape whatever the batch size.
+        shape = (0,) if self.per_sample else ()
+        return torch.zeros(shape, dtype=torch.float32, device=state.step.device)
+
+    def host_hooks(self) -> Mapping[Event, HostHook]:
+        return {Event.BATCH_START: self._draw_lambda}
+
+    def traced_hooks(self) -> Mapping[Event, Hook]:
+        late = Event.BEFORE_BACKWARD if self.interpolate_loss else Event.BEFORE_LOSS
+        return {
+            Event.BEFORE_FORWARD: self._paste,
+            late: self._mix_loss if self.interpolate_loss else self._mix_targets,
+        }
+
+    def _draw_lambda(
+        self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
+    ) -> tuple[Static, State]:
+        if self.per_sample and meta is None:
+            raise ValueError("CutMix(per_sample=True) needs the batch size at BATCH_START (BatchMeta)")
+        step_key = R.host_fold_in(R.host_key(static.seed), timestamp.batch)
+        key = R.host_fold_in(step_key, R.name_to_int(self.name))
+        size = meta.batch_size if self.per_sample and meta is not None else None
+        value = draw_cutmix_lambda(key, self.alpha, size).to(state.step.device, non_blocking=True)
+        return static, state.replace(algos={**state.algos, self.name: value})
+
+    def _paste(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+        input = batch_get(ctx.batch, self.input_key)
+        cutmix_lambda = state.algos[self.name]
+        params = cutmix_boxes(
+            R.fold_in(ctx.key, R.name_to_int(self.name)),
+            input.shape[0],
+            input.shape[-2],
+            input.shape[-1],
+            _cut_ratio(cutmix_lambda),
+            uniform_sampling=self.uniform_sampling,
+        )
+        if self.per_sample:
+            state = state.replace(algos={**state.algos, self.name: cutmix_lambda.new_zeros(0)})
+        return state, ctx.replace(
+            batch=batch_set(ctx.batch, self.input_key, cutmix_apply(input, params)),
+            scratch={**ctx.scratch, self.name: params},
+        )
+
+    def _mix_targets(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+        target = batch_get(ctx.batch, self.target_key)
+        params: CutMixParams = ctx.scratch[self.name]
+        if _is_dense(target, batch_get(ctx.batch, self.input_key)):
+            mixed = cutmix_apply(target, params)
+        else:
+            mixed = cutmix_targets(target, params, ctx.outputs.shape[1])
+        return state, ctx.replace(batch=batch_set(ctx.batch, self.target_key, mixed))
+
+    def _mix_loss(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+        target = batch_get(ctx.batch, self.target_key)
+        if _is_dense(target, batch_get(ctx.batch, self.input_key)):
+            raise ValueError(
+                "CutMix(interpolate_loss=True) cannot interpolate the loss of dense (per-pixel) targets"
+            )
+        params: CutMixParams = ctx.scratch[self.name]
+        permuted = batch_set(ctx.batch, self.target_key, target[params.indices])
+        assert ctx.loss is not None
+        loss = torch.lerp(ctx.loss_fn(ctx.outputs, permuted), ctx.loss, params.area.to(ctx.loss.dtype))
+        return state, ctx.replace(loss=loss)

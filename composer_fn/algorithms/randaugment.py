@@ -1,0 +1,177 @@
+"""RandAugment: apply ``depth`` ops drawn at random, each at a random strength (Cubuk et al., 2019).
+
+For every image and every one of the ``depth`` steps an op is drawn uniformly from the augmentation set and
+its strength from Composer's severity mapping (``_augment_ops.draw_ops``). ``randaugment_params`` makes the
+draws, ``randaugment_apply`` applies them to a whole batch at once: one pass per op group and step, no loop
+over images, static shapes under ``torch.compile``.
+
+The algorithm augments the device batch at AFTER_DATALOADER with draws from the step's key; Composer adds a
+PIL transform to the dataset at FIT_START instead. ``RandAugmentTransform`` is the per-image transform for
+data-loader workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from torch import Tensor
+
+from composer_fn.algorithms import _augment_ops as ops
+from composer_fn.core import random as R
+from composer_fn.core.algorithm import Algorithm, Hook, register
+from composer_fn.core.event import Event
+from composer_fn.core.state import State, StepCtx, batch_get, batch_set
+
+__all__ = [
+    "RandAugment",
+    "RandAugmentParams",
+    "RandAugmentTransform",
+    "randaugment_params",
+    "randaugment_apply",
+    "randaugment_batch",
+    "randaugment_image",
+]
+
+
+class RandAugmentParams(NamedTuple):
+    """The draws of one RandAugment over a batch, each ``[B, depth]``.
+
+    Attributes:
+        op: the op of each image and step, an index into ``PRIMITIVES`` (``IDENTITY``, -1, for none).
+        magnitude: its unsigned argument: posterize bits, rotate degrees, solarize threshold in ``uint8``
+            levels, shear factor, translation as a fraction of the image side, colour enhance factor.
+        sign: +1 or -1, the direction of the geometric ops (always +1 for the others).
+    """
+
+    op: Tensor
+    magnitude: Tensor
+    sign: Tensor
+
+
+def randaugment_params(
+    key: R.Key, batch_size: int, *, depth: int = 2, severity: float = 9, augmentation_set: str = "all"
+) -> RandAugmentParams:
+    """Returns the ops and strengths for ``batch_size`` images, drawn from ``key`` on the key's device."""
+    _check(severity, depth, augmentation_set)
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be positive")
+    shape = (batch_size, depth)
+    choice = R.randint(R.fold_in(key, 0), 0, len(ops.augmentation_sets[augmentation_set]), shape)
+    uniforms = R.uniform(R.fold_in(key, 1), shape + (4,))
+    return RandAugmentParams(*ops.draw_ops(uniforms, choice, severity, augmentation_set))
+
+
+def randaugment_apply(images: Tensor, params: RandAugmentParams) -> Tensor:
+    """Returns the batch with each image's ops applied in order (deterministic; see ``_augment_ops``).
+
+    ``images`` is ``[B, C, H, W]`` (``C`` 1 or 3), ``uint8`` or floating in ``[0, 1]``; the result has its
+    shape and dtype. The input is never written to.
+    """
+    ops.check_images(images)
+    batch = images.shape[0]
+    for name, value in zip(RandAugmentParams._fields, params, strict=True):
+        if value.dim() != 2 or value.shape[0] != batch or value.shape != params.op.shape:
+            raise ValueError(
+                f"params.{name} of shape {tuple(value.shape)}: expected [{batch}, depth] like params.op"
+            )
+    op = params.op.to(images.device)
+    value = ops.op_arguments(op, params.magnitude, params.sign, images)
+    out = images.clone() if op.shape[1] == 0 else images
+    for step in range(op.shape[1]):
+        out = ops.apply_op(out, op[:, step], value[:, step])
+    return out
+
+
+def randaugment_batch(
+    input: Tensor, severity: float = 9, depth: int = 2, augmentation_set: str = "all", *, key: R.Key
+) -> Tensor:
+    """Returns RandAugment of a ``[B, C, H, W]`` batch, every image with its own draws from ``key``."""
+    ops.check_images(input, "input")
+    params = randaugment_params(
+        key, input.shape[0], depth=depth, severity=severity, augmentation_set=augmentation_set
+    )
+    return randaugment_apply(input, params)
+
+
+def randaugment_image(
+    img: Tensor, severity: float = 9, depth: int = 2, augmentation_set: str = "all", *, key: R.Key
+) -> Tensor:
+    """Returns RandAugment of one ``[C, H, W]`` image (or of a ``[B, C, H, W]`` batch), drawn from ``key``."""
+    if isinstance(img, Tensor) and img.dim() == 3:
+        return randaugment_batch(img.unsqueeze(0), severity, depth, augmentation_set, key=key)[0]
+    return randaugment_batch(img, severity, depth, augmentation_set, key=key)
+
+
+def _check(severity: float, depth: int, augmentation_set: str) -> None:
+    ops.check_severity(severity, augmentation_set)
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+        raise ValueError(f"depth={depth!r} must be a non-negative int")
+
+
+class RandAugmentTransform(ops.KeyedTransform):
+    """RandAugment of one image per call, for data-loader workers (Composer's ``RandAugmentTransform``).
+
+    Args:
+        severity: strength of the ops, in [0, 10].
+        depth: number of ops applied in sequence.
+        augmentation_set: ``"all"``, ``"safe"`` or ``"original"``.
+        seed: the root of the draws; ``__call__`` says how each call's key derives from it.
+    """
+
+    def __init__(
+        self, severity: float = 9, depth: int = 2, augmentation_set: str = "all", seed: int = 0
+    ) -> None:
+        _check(severity, depth, augmentation_set)
+        super().__init__(seed)
+        self.severity, self.depth, self.augmentation_set = severity, depth, augmentation_set
+
+    def _augment(self, batch: Tensor, key: R.Key) -> Tensor:
+        return randaugment_batch(batch, self.severity, self.depth, self.augmentation_set, key=key)
+
+    def __repr__(self) -> str:
+        return f"RandAugmentTransform(severity={self.severity!r}, depth={self.depth!r}, augmentation_set={self.augmentation_set!r})"
+
+
+@register
+@dataclass(frozen=True)
+class RandAugment(Algorithm):
+    """Augments the input batch with RandAugment on the device (Composer's ``RandAugment``).
+
+    Args:
+        severity: strength of the ops, in [0, 10] (M in the paper).
+        depth: number of ops applied to each image in sequence (N in the paper).
+        augmentation_set: ``"all"``; ``"safe"`` leaves out the colour ops that overlap ImageNet-C/CIFAR-10-C;
+            ``"original"`` samples the colour ops' strength as the original AugMix code did.
+        input_key: where the images sit in the batch: ``uint8``, or floats in ``[0, 1]`` (normalize after).
+    """
+
+    algorithm_name = "randaugment"
+
+    severity: float = 9
+    depth: int = 2
+    augmentation_set: str = "all"
+    input_key: int | str = 0
+
+    def __post_init__(self) -> None:
+        _check(self.severity, self.depth, self.augmentation_set)
+
+    @property
+    def stochastic(self) -> bool:
+        return self.depth > 0
+
+    def traced_hooks(self) -> Mapping[Event, Hook]:
+        return {Event.AFTER_DATALOADER: self._augment}
+
+    def _augment(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+        images = batch_get(ctx.batch, self.input_key)
+        params = randaugment_params(
+            R.fold_in(ctx.key, R.name_to_int(self.name)),
+            images.shape[0],
+            depth=self.depth,
+            severity=self.severity,
+            augmentation_set=self.augmentation_set,
+        )
+        augmented = randaugment_apply(images, params)
+        return state, ctx.replace(batch=batch_set(ctx.batch, self.input_key, augmented))

@@ -1,0 +1,280 @@
+"""Sequence length warmup: train on short sequences first and lengthen them over the warm-up (Li et al., 2021).
+
+The length rises from ``min_seq_length`` to ``max_seq_length`` in steps of ``step_size`` with Composer's
+formula, in whatever unit the warm-up is measured (``warmup`` units, ``progress`` units done so far)::
+
+    increments = (max_seq_length - min_seq_length) // step_size
+    every = warmup // increments
+    length = clamp(min_seq_length + step_size * (progress // every), min_seq_length, max_seq_length)
+
+A fractional ``duration`` (Composer's only form) is ``int(max_duration * duration)`` of the run's own unit
+(batches in the Trainer), which gives Composer's schedule step for step. Where Composer divides by zero, the
+result is defined here: a warm-up of no time gives ``max_seq_length`` at once, and a warm-up shorter than its
+number of increments (``0 < warmup < increments``) takes ``progress * increments // warmup`` increments and
+gives ``max_seq_length`` from ``progress = warmup`` on, so it ends on time.
+
+Every tensor of the batch is cut along dim 1 to the length (``truncate=True``) or, with ``truncate=False``,
+flattened and re-cut into rows of the length, dropping the tokens that do not fill a row. A batch whose
+sequences are no longer than the length is returned as it is.
+
+The length is a shape, so it is chosen on the host: ``plan_key`` returns it (capped at the batch's own
+length, so a run compiles one step per distinct shape) and the traced hook at AFTER_DATALOADER is specialised
+to it as a Python int.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from composer_fn.core.algorithm import Algorithm, Hook, register
+from composer_fn.core.event import Event
+from composer_fn.core.state import BatchMeta, State, StepCtx
+from composer_fn.core.time import Time, Timestamp, TimeUnit
+
+__all__ = ["SeqLengthWarmup", "set_batch_sequence_length", "warmup_sequence_length"]
+
+_DURATION_UNITS = (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN, TimeUnit.DURATION)
+
+
+def warmup_sequence_length(
+    progress: int, warmup: int, *, min_seq_length: int, max_seq_length: int, step_size: int
+) -> int:
+    """Returns the sequence length after ``progress`` of a warm-up lasting ``warmup`` (both in one unit).
+
+    Composer's formula (see the module docstring): the length grows by ``step_size`` every
+    ``warmup // increments`` units from ``min_seq_length`` and is capped at ``max_seq_length``.
+    """
+    _check_lengths(min_seq_length, max_seq_length, step_size)
+    for name, value in (("progress", progress), ("warmup", warmup)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}={value!r} must be an int >= 0")
+    increments = (max_seq_length - min_seq_length) // step_size
+    if increments == 0 or warmup == 0:
+        return max_seq_length
+    every = warmup // increments
+    if every == 0:
+        if progress >= warmup:
+            return max_seq_length
+        return min_seq_length + step_size * (progress * increments // warmup)
+    return min(min_seq_length + step_size * (progress // every), max_seq_length)
+
+
+def set_batch_sequence_length(
+    batch: Any, curr_seq_len: int, truncate: bool = True, preserve_end_of_sequence: bool = False
+) -> Any:
+    """Returns ``batch`` with every tensor's sequence (dim 1) of length ``curr_seq_len``; ``batch`` is unchanged.
+
+    ``batch`` is a mapping, tuple or list (a NamedTuple stays one) of tensors ``[B, S, ...]``. The batch's
+    length ``S`` is dim 1 of its first tensor of two or more dimensions; when ``curr_seq_len >= S`` the batch
+    is returned as it is.
+
+    - ``truncate=True``: every tensor becomes ``t[:, :curr_seq_len]``. With ``preserve_end_of_sequence``, the
+      last token of each row is kept: its value moves to position ``min(end, curr_seq_len - 1)``, where
+      ``end`` is ``attention_mask.sum(1) - 1`` for a mapping batch (which must hold ``"attention_mask"``, as in
+      Composer) and ``S - 1`` for a tuple or list batch (no mask: every position is a token).
+    - ``truncate=False``: every tensor (all of one shape ``[B, S]``) is flattened, cut to the largest multiple
+      of ``curr_seq_len`` and reshaped to ``[B * S // curr_seq_len, curr_seq_len]``; tokens that stand at the
+      same position in two tensors (an input and its label) stay together. ``preserve_end_of_sequence`` is
+      ignored.
+    """
+    if isinstance(curr_seq_len, bool) or not isinstance(curr_seq_len, int) or curr_seq_len < 1:
+        raise ValueError(f"curr_seq_len={curr_seq_len!r} must be an int >= 1")
+    names, tensors = _items(batch)
+    sequence_length = next((t.shape[1] for t in tensors if t.dim() > 1), 0)
+    if curr_seq_len >= sequence_length:
+        return batch
+    if truncate:
+        for name, tensor in zip(names, tensors, strict=True):
+            if tensor.dim() < 2:
+                raise ValueError(
+                    f"batch item {name!r} has shape {tuple(tensor.shape)}: truncation needs every tensor to be "
+                    "sequence-shaped, [batch, sequence, ...]"
+                )
+        if preserve_end_of_sequence:
+            ends = _sequence_ends(batch, tensors[0].shape[0], sequence_length, tensors[0].device)
+            resized = [_truncate_keeping_end(t, curr_seq_len, ends) for t in tensors]
+        else:
+            resized = [t[:, :curr_seq_len].contiguous() for t in tensors]
+    else:
+        shape = tensors[0].shape
+        for name, tensor in zip(names, tensors, strict=True):
+            if tensor.dim() != 2 or tensor.shape != shape:
+                raise ValueError(
+                    f"batch item {name!r} has shape {tuple(tensor.shape)}: truncate=False reshapes every tensor "
+                    f"alike, so each must be two-dimensional with the shape {tuple(shape)} of the first"
+                )
+        kept = shape[0] * shape[1] // curr_seq_len * curr_seq_len
+        resized = [t.reshape(-1)[:kept].reshape(-1, curr_seq_len) for t in tensors]
+    return _rebuilt(batch, names, resized)
+
+
+def _items(batch: Any) -> tuple[list[Any], list[Tensor]]:
+    if isinstance(batch, Mapping):
+        names, values = list(batch.keys()), list(batch.values())
+    elif isinstance(batch, tuple | list):
+        names, values = list(range(len(batch))), list(batch)
+    else:
+        raise TypeError(f"batch of type {type(batch).__name__}: expected a mapping, tuple or list of tensors")
+    if not values:
+        raise ValueError("batch is empty: expected at least one tensor")
+    for name, value in zip(names, values, strict=True):
+        if not isinstance(value, Tensor):
+            raise TypeError(
+                f"batch item {name!r} is a {type(value).__name__}: expected every item to be a tensor"
+            )
+    return names, values
+
+
+def _rebuilt(batch: Any, names: list[Any], tensors: list[Tensor]) -> Any:
+    if isinstance(batch, Mapping):
+        return dict(zip(names, tensors, strict=True))
+    if isinstance(batch, list):
+        return type(batch)(tensors)
+    return type(batch)(*tensors) if hasattr(batch, "_fields") else tuple(tensors)
+
+
+def _sequence_ends(batch: Any, rows: int, sequence_length: int, device: torch.device) -> Tensor:
+    if isinstance(batch, Mapping):
+        if "attention_mask" not in batch:
+            raise ValueError(
+                'preserve_end_of_sequence=True needs the mapping batch to hold "attention_mask" (whose row sums '
+                f"locate the last token); its keys are {list(batch)}"
+            )
+        ends: Tensor = batch["attention_mask"].sum(dim=1).long() - 1
+        return ends
+    return torch.full((rows,), sequence_length - 1, dtype=torch.int64, device=device)
+
+
+def _truncate_keeping_end(tensor: Tensor, length: int, ends: Tensor) -> Tensor:
+    rows = torch.arange(tensor.shape[0], device=tensor.device)
+    ends = ends.to(tensor.device)
+    # index_put is out of place: the cut copy gets the end values, the input keeps its own.
+    return tensor[:, :length].index_put((rows, ends.clamp(max=length - 1)), tensor[rows, ends])
+
+
+def _check_lengths(min_seq_length: int, max_seq_length: int, step_size: int) -> None:
+    for name, value in (
+        ("min_seq_length", min_seq_length),
+        ("max_seq_length", max_seq_length),
+        ("step_size", step_size),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an int >= 1")
+    if max_seq_length < min_seq_length:
+        raise ValueError(f"max_seq_length={max_seq_length} must be at least min_seq_length={min_seq_length}")
+    if 0 < max_seq_length - min_seq_length < step_size:
+        raise ValueError(
+            f"step_size={step_size} exceeds max_seq_length - min_seq_length = {max_seq_length - min_seq_length}, "
+            "so the warm-up has no step; lower step_size, or set min_seq_length = max_seq_length for a fixed length"
+        )
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_duration(duration: float | str) -> Time:
+    if isinstance(duration, str):
+        time = Time.from_timestring(duration)
+    else:
+        time = Time(float(duration), TimeUnit.DURATION)
+    if time.unit not in _DURATION_UNITS:
+        raise ValueError(
+            f"duration={duration!r} is in {time.unit.value!r}; expected a fraction of the run (a float or 'dur') "
+            "or an amount of ep, ba, sp or tok"
+        )
+    if time.unit is TimeUnit.DURATION and time.value > 1:
+        raise ValueError(f"duration={duration!r} must be a fraction of the run in [0, 1]")
+    return time
+
+
+@register
+@dataclass(frozen=True)
+class SeqLengthWarmup(Algorithm):
+    """Shortens the sequences of early batches, lengthening them over a warm-up (Composer's ``SeqLengthWarmup``).
+
+    Args:
+        duration: how long the warm-up lasts: a fraction of the run in [0, 1] (Composer's form), or a time
+            such as ``'2000ba'``, ``'1e6tok'``, ``'512sp'``, ``'2ep'`` or ``'0.3dur'`` (a ``Time`` is stored as its
+            string). A warm-up in epochs counts whole epochs (the timestamp does not say how many batches an
+            epoch holds), so the length changes only at epoch boundaries; the others change it batch by batch.
+            A fraction needs the timestamp's ``max_duration``, which the Trainer sets.
+        min_seq_length: the length at the start.
+        max_seq_length: the length the warm-up ends at (never exceeded).
+        step_size: the increment of the length (a multiple of 8 suits GPU tensor cores).
+        truncate: cut sequences (True) or re-cut the batch into more, shorter rows (False).
+        preserve_end_of_sequence: keep each row's last token when truncating (see
+            ``set_batch_sequence_length``).
+    """
+
+    algorithm_name = "seq_length_warmup"
+    modality = "tokens"
+
+    duration: float | str = 0.3
+    min_seq_length: int = 8
+    max_seq_length: int = 1024
+    step_size: int = 8
+    truncate: bool = True
+    preserve_end_of_sequence: bool = False
+
+    def __post_init__(self) -> None:
+        duration: object = self.duration
+        if isinstance(duration, Time):
+            duration = duration.to_timestring()
+        elif isinstance(duration, int) and not isinstance(duration, bool):
+            duration = float(duration)
+        if not isinstance(duration, float | str):
+            raise TypeError(
+                f"duration={self.duration!r} ({type(self.duration).__name__}): expected a fraction of the run "
+                "(float), a time string such as '2000ba' or a Time"
+            )
+        _parsed_duration(duration)
+        # Stored in one canonical, JSON-friendly form, so equal warm-ups are equal records.
+        object.__setattr__(self, "duration", duration)
+        _check_lengths(self.min_seq_length, self.max_seq_length, self.step_size)
+
+    def sequence_length(self, timestamp: Timestamp) -> int:
+        """Returns the length the warm-up gives batches at ``timestamp``."""
+        duration = _parsed_duration(self.duration)
+        if duration.unit is TimeUnit.DURATION:
+            run = timestamp.max_duration
+            if run is None:
+                raise ValueError(
+                    f"SeqLengthWarmup(duration={self.duration!r}) is a fraction of the run, but the timestamp has "
+                    "no max_duration; set it with timestamp.with_max_duration(...) or give duration in ba, ep, sp "
+                    "or tok"
+                )
+            unit, warmup = run.unit, int(run.value * duration.value)
+        else:
+            unit, warmup = duration.unit, int(duration.value)
+        return warmup_sequence_length(
+            timestamp.get(unit),
+            warmup,
+            min_seq_length=self.min_seq_length,
+            max_seq_length=self.max_seq_length,
+            step_size=self.step_size,
+        )
+
+    def plan_key(self, timestamp: Timestamp, meta: BatchMeta | None = None) -> Hashable:
+        length = self.sequence_length(timestamp)
+        # Every length at or beyond the batch's own leaves it unchanged: one key, one compiled step, for all.
+        if meta is not None and len(meta.input_shape) > 1:
+            return min(length, meta.input_shape[1])
+        return length
+
+    def traced_hooks_at(self, plan_key: Hashable) -> Mapping[Event, Hook]:
+        if isinstance(plan_key, bool) or not isinstance(plan_key, int):
+            raise TypeError(
+                f"plan_key={plan_key!r}: expected the sequence length (an int) that plan_key returned"
+            )
+        return {Event.AFTER_DATALOADER: functools.partial(self._set_length, plan_key)}
+
+    def traced_hooks(self) -> Mapping[Event, Hook]:
+        return self.traced_hooks_at(self.max_seq_length)
+
+    def _set_length(self, length: int, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+        batch = set_batch_sequence_length(ctx.batch, length, self.truncate, self.preserve_end_of_sequence)
+        return state, ctx.replace(batch=batch)
