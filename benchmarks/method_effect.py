@@ -1,8 +1,14 @@
 """Measures each algorithm's effect on the digits task: held-out accuracy and wall time, mean over seeds.
 
-Usage: python benchmarks/method_effect.py [--seeds 3] [--epochs 12] [--threads 2] [--json PATH]
+Usage: python benchmarks/method_effect.py [--seeds 3] [--epochs 12] [--threads 2] [--only NAME,...] [--json PATH]
 Every configuration trains the same SmallCNN recipe (SGD, Nesterov momentum, cosine with one warm-up epoch)
-from the same seeds; only the algorithms differ. Runs are interleaved seed by seed.
+from the same seeds; only the algorithms differ, each with Composer's default hyperparameters unless the
+name says otherwise. Runs are interleaved seed by seed.
+
+RandAugment and AugMix take pixels in [0, 1] (as they do in a data pipeline, before normalisation), so they
+and a baseline of their own train on the unstandardised pixels (``load_digits_task(standardize=False)``);
+every other configuration trains on the standardised ones. Each row's "vs base" compares with the baseline
+of its own pixel form.
 """
 
 from __future__ import annotations
@@ -15,24 +21,55 @@ import time
 import torch
 
 from composer_fn import optim
-from composer_fn.algorithms import ChannelsLast, LabelSmoothing, MixUp
+from composer_fn.algorithms import (
+    AugMix,
+    ChannelsLast,
+    ColOut,
+    CutMix,
+    CutOut,
+    LabelSmoothing,
+    MixUp,
+    ProgressiveResizing,
+    RandAugment,
+    SelectiveBackprop,
+)
 from composer_fn.core.algorithm import Algorithm
 from composer_fn.data import TensorLoader, load_digits_task
 from composer_fn.models import SmallCNN
 from composer_fn.trainer import Trainer
 
+RAW = "[0,1] pixels"
+"""The suffix of configurations trained on unstandardised pixels."""
+
 CONFIGURATIONS: dict[str, tuple[Algorithm, ...]] = {
     "baseline": (),
     "mixup": (MixUp(alpha=0.2),),
+    "mixup, per sample": (MixUp(alpha=0.2, per_sample=True),),
     "label_smoothing": (LabelSmoothing(0.1),),
     "channels_last": (ChannelsLast(),),
+    "cutmix": (CutMix(),),
+    "cutmix, per sample": (CutMix(per_sample=True),),
+    "cutout": (CutOut(),),
+    "cutout, per sample": (CutOut(per_sample=True),),
+    "colout": (ColOut(),),
+    "progressive_resizing": (ProgressiveResizing(),),
+    "selective_backprop": (SelectiveBackprop(),),
     "mixup+label_smoothing+channels_last": (MixUp(alpha=0.2), LabelSmoothing(0.1), ChannelsLast()),
+    f"baseline, {RAW}": (),
+    f"randaugment, {RAW}": (RandAugment(),),
+    f"augmix, {RAW}": (AugMix(),),
 }
 
 
-def run(algorithms: tuple[Algorithm, ...], seed: int, epochs: int) -> tuple[float, float]:
-    """Returns (held-out accuracy, training wall seconds) of one run."""
-    task = load_digits_task()
+def baseline_of(name: str) -> str:
+    """Returns the baseline configuration that ``name`` is compared with (the one of its pixel form)."""
+    return f"baseline, {RAW}" if name.endswith(RAW) else "baseline"
+
+
+def run(name: str, seed: int, epochs: int) -> tuple[float, float]:
+    """Returns (held-out accuracy, training wall seconds) of one run of configuration ``name``."""
+    algorithms = CONFIGURATIONS[name]
+    task = load_digits_task(standardize=not name.endswith(RAW))
     trainer = Trainer(
         SmallCNN(in_channels=1, num_classes=10),
         TensorLoader(task.train, 64, seed=seed),
@@ -55,22 +92,33 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--only", default=None, help="comma-separated configurations (their baselines run too)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in CONFIGURATIONS}
+    names = list(CONFIGURATIONS)
+    if args.only:
+        chosen = [name.strip() for name in args.only.split(",")]
+        unknown = [name for name in chosen if name not in CONFIGURATIONS]
+        if unknown:
+            parser.error(f"--only names {unknown}; known: {', '.join(CONFIGURATIONS)}")
+        names = [n for n in CONFIGURATIONS if n in chosen or n in {baseline_of(c) for c in chosen}]
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     for seed in range(args.seeds):
-        for name, algorithms in CONFIGURATIONS.items():
-            results[name].append(run(algorithms, seed, args.epochs))
-    baseline_time = statistics.mean(t for _, t in results["baseline"])
+        for name in names:
+            results[name].append(run(name, seed, args.epochs))
     print(f"digits, SmallCNN, {args.epochs} epochs, seeds 0..{args.seeds - 1}, {args.threads} threads")
-    print(f"{'configuration':<38} {'accuracy mean':>13} {'min':>7} {'max':>7} {'time s':>7} {'vs base':>7}")
+    print(
+        f"{'configuration':<38} {'accuracy mean':>13} {'min':>7} {'max':>7} {'Δ mean':>7} {'time s':>7} {'vs base':>7}"
+    )
     for name, runs in results.items():
+        base = results[baseline_of(name)]
         accuracies = [a for a, _ in runs]
         seconds = statistics.mean(t for _, t in runs)
+        delta = statistics.mean(accuracies) - statistics.mean(a for a, _ in base)
         print(
             f"{name:<38} {statistics.mean(accuracies):>13.2%} {min(accuracies):>7.2%} {max(accuracies):>7.2%} "
-            f"{seconds:>7.2f} {seconds / baseline_time:>6.2f}x"
+            f"{delta * 100:>+6.2f}p {seconds:>7.2f} {seconds / statistics.mean(t for _, t in base):>6.2f}x"
         )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as stream:

@@ -7,6 +7,8 @@ samples. Every run, on every machine, therefore evaluates on the same images.
 
 Pixels are divided by 16, optionally upsampled, then standardised with one scalar mean and one scalar standard
 deviation computed on the training part only, so no statistic of the held-out images leaks into the inputs.
+``standardize=False`` keeps the pixels in ``[0, 1]``, the form that image augmentations (RandAugment, AugMix)
+take.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ _MAX_PIXEL = 16.0
 
 @dataclass(frozen=True, eq=False)
 class DigitsTask:
-    """The digits task: standardised images and labels, split into training and held-out parts.
+    """The digits task: images (standardised unless asked otherwise) and labels, split into training and held-out parts.
 
     ``train`` and ``heldout`` are ``(images, labels)`` with images ``float32 [N, 1, H, W]`` and labels
     ``int64 [N]``; ``image_shape`` is ``(1, H, W)``.
@@ -56,11 +58,12 @@ def _bundled_digits() -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-def load_digits_task(*, upsample: int = 1) -> DigitsTask:
+def load_digits_task(*, upsample: int = 1, standardize: bool = True) -> DigitsTask:
     """Returns the digits task with images of side ``8 * upsample``, as fresh tensors on the CPU.
 
     ``upsample`` (an int ≥ 1) enlarges the images by bilinear interpolation before standardisation, so the
-    training images have mean 0 and standard deviation 1 at every size.
+    training images have mean 0 and standard deviation 1 at every size. With ``standardize=False`` the
+    pixels stay in ``[0, 1]`` instead.
     """
     if isinstance(upsample, bool) or not isinstance(upsample, int) or upsample < 1:
         raise ValueError(f"upsample={upsample!r} must be an int >= 1 (the factor applied to the 8x8 images)")
@@ -72,9 +75,9 @@ def load_digits_task(*, upsample: int = 1) -> DigitsTask:
 
     heldout_mask = torch.arange(len(labels)) % HELDOUT_EVERY == 0
     train_images = images[~heldout_mask]
-    mean = train_images.mean()
-    std = train_images.std(correction=0)
-    images = ((images - mean) / std).to(torch.float32)
+    if standardize:
+        images = (images - train_images.mean()) / train_images.std(correction=0)
+    images = images.to(torch.float32)
 
     side = _NATIVE_SIZE * upsample
     return DigitsTask(

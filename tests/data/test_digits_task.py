@@ -74,3 +74,15 @@ def test_loading_does_not_touch_the_global_random_state() -> None:
     before = torch.random.get_rng_state()
     load_digits_task(upsample=2)
     assert torch.equal(torch.random.get_rng_state(), before)
+
+
+def test_unstandardised_pixels_lie_in_the_unit_range_and_map_affinely_to_the_standardised_ones(
+    task: DigitsTask,
+) -> None:
+    raw = load_digits_task(standardize=False)
+    images = torch.cat([raw.train[0], raw.heldout[0]])
+    assert images.dtype == torch.float32 and images.min() == 0.0 and images.max() == 1.0
+    assert torch.equal(raw.train[1], task.train[1]) and torch.equal(raw.heldout[1], task.heldout[1])
+    mean = raw.train[0].double().mean()
+    std = raw.train[0].double().std(correction=0)
+    assert torch.allclose(((raw.heldout[0].double() - mean) / std).float(), task.heldout[0], atol=1e-5)
