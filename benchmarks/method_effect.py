@@ -1,6 +1,7 @@
 """Measures each algorithm's effect on the digits task: held-out accuracy and wall time, mean over seeds.
 
 Usage: python benchmarks/method_effect.py [--seeds 3] [--epochs 12] [--threads 2] [--only NAME,...] [--json PATH]
+    [--upsample 4] [--device cuda] [--precision bf16-mixed] [--compile]
 Every configuration trains the same SmallCNN recipe (SGD, Nesterov momentum, cosine with one warm-up epoch)
 from the same seeds; only the algorithms differ, each with Composer's default hyperparameters unless the
 name says otherwise. Runs are interleaved seed by seed.
@@ -66,10 +67,11 @@ def baseline_of(name: str) -> str:
     return f"baseline, {RAW}" if name.endswith(RAW) else "baseline"
 
 
-def run(name: str, seed: int, epochs: int) -> tuple[float, float]:
+def run(name: str, seed: int, args: argparse.Namespace) -> tuple[float, float]:
     """Returns (held-out accuracy, training wall seconds) of one run of configuration ``name``."""
     algorithms = CONFIGURATIONS[name]
-    task = load_digits_task(standardize=not name.endswith(RAW))
+    epochs = args.epochs
+    task = load_digits_task(upsample=args.upsample, standardize=not name.endswith(RAW))
     trainer = Trainer(
         SmallCNN(in_channels=1, num_classes=10),
         TensorLoader(task.train, 64, seed=seed),
@@ -81,6 +83,9 @@ def run(name: str, seed: int, epochs: int) -> tuple[float, float]:
         seed=seed,
         eval_interval=f"{epochs}ep",
         progress_bar=False,
+        device=args.device,
+        precision=args.precision,
+        compile=args.compile,
     )
     started = time.perf_counter()
     metrics = trainer.fit()
@@ -94,6 +99,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", default=None, help="comma-separated configurations (their baselines run too)")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--upsample", type=int, default=1, help="image side 8 x this (bilinear), default 1")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16-mixed"))
+    parser.add_argument("--compile", action="store_true", help="compile each step with torch.compile (inductor)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     names = list(CONFIGURATIONS)
@@ -106,8 +115,12 @@ def main() -> None:
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     for seed in range(args.seeds):
         for name in names:
-            results[name].append(run(name, seed, args.epochs))
-    print(f"digits, SmallCNN, {args.epochs} epochs, seeds 0..{args.seeds - 1}, {args.threads} threads")
+            results[name].append(run(name, seed, args))
+    side = 8 * args.upsample
+    print(
+        f"digits {side}x{side}, SmallCNN, {args.epochs} epochs, seeds 0..{args.seeds - 1}, {args.device}, "
+        f"{args.precision}{', compiled' if args.compile else ''}, {args.threads} threads"
+    )
     print(
         f"{'configuration':<38} {'accuracy mean':>13} {'min':>7} {'max':>7} {'Δ mean':>7} {'time s':>7} {'vs base':>7}"
     )

@@ -21,6 +21,11 @@ mode; batched RandAugment at 32x32 at least 5x the images/s of Composer's per-im
 torchvision v2 applied per image.
 
     .venv/bin/python benchmarks/ops.py [--threads 1] [--rounds 3] [--reps 15] [--json out.json] [--no-peer]
+        [--device cuda] [--dtype bfloat16]
+
+``--device cuda`` runs ours, the floor and torchvision on the GPU (synchronising around every timed call);
+the peer interpreter stays on the CPU, so its columns are left out there. ``--dtype`` sets the float images'
+dtype (float32 by default; the uint8 rows stay uint8).
 """
 
 from __future__ import annotations
@@ -93,20 +98,31 @@ IMAGE_ROWS: tuple[tuple[str, str, dict[str, str]], ...] = (
 COLUMNS = ("composer", "timm", "torchvision")
 
 
-def batch(size: int, side: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns float32 images in [0, 1] and class labels, drawn from a fixed key."""
-    images = R.uniform(R.key(0), (size, 3, side, side))
-    labels = R.randint(R.key(1), 0, NUM_CLASSES, (size,))
+DEVICE = torch.device("cpu")
+"""Where ours, the floor and torchvision run (``--device``)."""
+
+
+def batch(size: int, side: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns images in [0, 1] of ``dtype`` and class labels on ``DEVICE``, drawn from a fixed key."""
+    images = R.uniform(R.key(0), (size, 3, side, side)).to(DEVICE, dtype)
+    labels = R.randint(R.key(1), 0, NUM_CLASSES, (size,)).to(DEVICE)
     return images, labels
 
 
+def _synchronize() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+
+
 def timed(fn: Callable[[], Any], reps: int) -> float:
-    """Returns the median seconds of ``reps`` calls of ``fn`` after one warm-up call."""
+    """Returns the median seconds of ``reps`` calls of ``fn`` after one warm-up call (device work included)."""
     fn()
     seconds = []
     for _ in range(reps):
+        _synchronize()
         start = time.perf_counter()
         fn()
+        _synchronize()
         seconds.append(time.perf_counter() - start)
     return statistics.median(seconds)
 
@@ -114,12 +130,12 @@ def timed(fn: Callable[[], Any], reps: int) -> float:
 def our_op(name: str, x: torch.Tensor, y: torch.Tensor) -> Callable[[], Any]:
     """Returns a zero-argument call of our op ``name`` on the batch (a fresh key each call)."""
     counter = iter(range(10**9))
-    perm = R.permutation(R.key(2), x.shape[0])
-    uint8 = (x * 255).round().to(torch.uint8)
-    logits = torch.zeros(x.shape[0], NUM_CLASSES)
+    perm = R.permutation(R.key(2), x.shape[0]).to(x.device)
+    uint8 = (x.float() * 255).round().to(torch.uint8)
+    logits = torch.zeros(x.shape[0], NUM_CLASSES, device=x.device)
 
     def key() -> torch.Tensor:
-        return R.key(next(counter))
+        return R.key(next(counter)).to(x.device)
 
     ops: dict[str, Callable[[], Any]] = {
         "floor": lambda: torch.lerp(x, x[perm], 0.3),
@@ -142,7 +158,7 @@ def our_op(name: str, x: torch.Tensor, y: torch.Tensor) -> Callable[[], Any]:
 
 def torchvision_op(name: str, x: torch.Tensor, y: torch.Tensor) -> tuple[Callable[[], Any], int]:
     """Returns a call of torchvision v2's op and how many images one call transforms."""
-    uint8 = (x[:PER_IMAGE_COUNT] * 255).round().to(torch.uint8)
+    uint8 = (x[:PER_IMAGE_COUNT].float() * 255).round().to(torch.uint8)
     if name == "tv.mixup":
         mix = v2.MixUp(alpha=0.2, num_classes=NUM_CLASSES)
         return (lambda: mix(x, y)), x.shape[0]
@@ -160,13 +176,18 @@ def torchvision_op(name: str, x: torch.Tensor, y: torch.Tensor) -> tuple[Callabl
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Returns every median (seconds per call, per image for per-image rows) after printing the tables."""
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
     pin_threads(args.threads)
     torch.manual_seed(0)  # torchvision's transforms draw from the global generator; ours never read it
     peer: Peer | None = None
-    python = None if args.no_peer else find_peer_python(args.peer_python)
+    python = None if args.no_peer or DEVICE.type != "cpu" else find_peer_python(args.peer_python)
     peer_note = ""
     if args.no_peer:
         peer_note = "timm and composer columns skipped (--no-peer)"
+    elif DEVICE.type != "cpu":
+        peer_note = f"timm and composer columns skipped: they run on the CPU, ours on {DEVICE}"
     elif python is None:
         peer_note = f"timm and composer columns skipped: no peer environment (build it with bash {PEER_ENV_SCRIPT})"
     else:
@@ -177,7 +198,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     def record(key: tuple[str, int, int], seconds: float) -> None:
         samples.setdefault(key, []).append(seconds)
 
-    data = {shape: batch(*shape) for shape in SHAPES}
+    data = {shape: batch(*shape, dtype=dtype) for shape in SHAPES}
     peer_info: Any = None
     for round_index in range(args.rounds):
         if sys.stderr.isatty():
@@ -227,17 +248,23 @@ def print_report(medians: dict[str, float], peer_note: str, args: argparse.Names
             ours = medians[f"{op}{at}"]
             peers = [_ms(medians.get(f"{columns[c]}{at}")) if c in columns else "" for c in COLUMNS]
             rows.append((label, _ms(ours), f"{ours / floor:.2f}x", *peers))
-        print(f"\nbatch ops, B={size}x3x{side}x{side} float32, ms per call (median of {args.rounds} rounds)")
+        print(
+            f"\nbatch ops on {args.device}, B={size}x3x{side}x{side} {args.dtype}, ms per call "
+            f"(median of {args.rounds} rounds)"
+        )
         print(format_table(("op", "ours", "ours/floor", *COLUMNS), rows))
         image_rows = []
         for label, op, columns in IMAGE_ROWS:
-            for suffix, dtype in (("", "float32"), ("_uint8", "uint8")):
+            for suffix, dtype in (("", args.dtype), ("_uint8", "uint8")):
                 ours = medians[f"{op}{suffix}{at}"]
                 peers = [
                     f"{1 / medians[f'{columns[c]}{at}']:,.0f}" if f"{columns[c]}{at}" in medians else "-" for c in COLUMNS
                 ]
                 image_rows.append((f"{label}, {dtype}", f"{size / ours:,.0f}", *peers))
-        print(f"\nimages per second, B={size}x3x{side}x{side} (ours: the whole batch at once; peers: one image at a time)")
+        print(
+            f"\nimages per second on {args.device}, B={size}x3x{side}x{side} "
+            "(ours: the whole batch at once; peers: one image at a time)"
+        )
         print(format_table(("op", "ours", *COLUMNS), image_rows))
         print("\ntargets at this shape:")
         for op in ("mixup", "cutmix", "cutout"):
@@ -265,6 +292,10 @@ def main() -> None:
     add_common_arguments(parser)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     parser.add_argument("--reps", type=int, default=15, help="calls per measurement at 32x32 (224x224: a third)")
+    parser.add_argument("--device", default="cpu", help="where ours, the floor and torchvision run (default cpu)")
+    parser.add_argument(
+        "--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="the float images' dtype"
+    )
     args = parser.parse_args()
     result = run(args)
     if args.json is not None:
