@@ -33,6 +33,7 @@ __all__ = [
     "host_fold_in",
     "host_split",
     "host_rng",
+    "host_bits",
     "to_host",
     "from_host",
     "name_to_int",
@@ -191,6 +192,22 @@ def bits(k: Key, shape: Sequence[int] | int) -> Tensor:
     x = _mix32(x ^ word0)
     x = _mix32((x + word1) & _MASK)
     return x
+
+
+def host_bits(k: HostKey, count: int, *, start: int = 0) -> list[int]:
+    """Returns ``bits(from_host(k), (start + count,))[start:]`` as Python ints, computed on the host.
+
+    For host-side draws that must equal the words a traced step draws from the same key (no tensor op runs).
+    """
+    if count < 0 or start < 0:
+        raise ValueError(f"count={count!r} and start={start!r} must be non-negative")
+    word0, word1 = k
+    words = []
+    for counter in range(start, start + count):
+        x = _host_mix32((counter * _GOLDEN + word1) & _MASK)
+        x = _host_mix32(x ^ word0)
+        words.append(_host_mix32((x + word1) & _MASK))
+    return words
 
 
 def uniform(

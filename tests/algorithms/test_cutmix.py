@@ -157,6 +157,16 @@ def test_batch_mode_pastes_the_same_box_into_every_example(seed, batch, height, 
     assert torch.equal(cutmix_apply(x, params), _reference_paste(x, params))
 
 
+@given(seeds, sizes, sides, sides, alphas, st.sampled_from(DTYPES))
+def test_the_sliced_paste_of_one_box_equals_the_masked_paste_of_that_box_per_example(
+    seed, batch, height, width, alpha, dtype
+):
+    x = _images(seed, batch, height, width, dtype)
+    params = cutmix_params(R.key(seed), batch, height, width, alpha=alpha)
+    per_example = params._replace(bbox=params.bbox.expand(batch, 4).clone())
+    assert torch.equal(cutmix_apply(x, params), cutmix_apply(x, per_example))
+
+
 @given(seeds, sizes, sides, sides, classes, st.booleans())
 def test_lambda_one_and_an_empty_box_leave_the_batch_unchanged(
     seed, batch, height, width, num_classes, per_sample

@@ -112,6 +112,12 @@ def test_bits_are_32_bit_words_shaped_like_the_request(seed: int, shape: tuple[i
     assert bool(((words >= 0) & (words < 2**32)).all())
 
 
+@given(seed=SEEDS, data=st.integers(0, 2**32 - 1), start=st.integers(0, 300), count=st.integers(0, 40))
+def test_host_bits_equal_the_device_words_of_the_same_key(seed: int, data: int, start: int, count: int) -> None:
+    key = rng.fold_in(rng.key(seed), data)
+    assert rng.host_bits(rng.to_host(key), count, start=start) == rng.bits(key, (start + count,))[start:].tolist()
+
+
 def test_name_to_int_is_32_bit_fnv1a() -> None:
     # Published FNV-1a test vectors: a key derived from a name is the same in every process.
     assert rng.name_to_int("") == 0x811C9DC5
