@@ -211,18 +211,20 @@ def _host_box(bbox: Tensor) -> list[int] | None:
     return [int(v) for v in bbox.tolist()]
 
 
-def _select(mask: Tensor, source: Tensor, input: Tensor) -> Tensor:
-    """Returns ``torch.where(mask, source, input)``, bit for bit."""
+def _select_into(mask: Tensor, source: Tensor, input: Tensor) -> Tensor:
+    """Returns ``torch.where(mask, source, input)``, bit for bit, reusing ``source`` (a fresh tensor) as the result."""
     bits = _SAME_SIZE_INTEGERS.get(input.element_size())
     if bits is None or _plain(input):
         return torch.where(mask, source, input)
     # Eagerly on the CPU, torch.where measured about twice as slow as this bitwise select on the same bits,
-    # input ^ ((input ^ source) & mask). The in-place ops write only into `out`, created here.
+    # input ^ ((input ^ source) & mask); writing it into `source`, which the caller made for this call, saves
+    # allocating (and faulting in) a second batch-sized tensor: a third of the op at 224x224.
     plain = input.view(bits)
-    out = torch.bitwise_xor(plain, source.view(bits))
+    out = source.view(bits)
+    out.bitwise_xor_(plain)
     out.mul_(mask)
     out.bitwise_xor_(plain)
-    return out.view(input.dtype)
+    return source
 
 
 def cutmix_apply(input: Tensor, params: CutMixParams) -> Tensor:
@@ -256,7 +258,7 @@ def cutmix_apply(input: Tensor, params: CutMixParams) -> Tensor:
     elif bbox.dim() != 1:
         raise ValueError(f"bbox of shape {tuple(bbox.shape)}: expected [4] or [{batch_size}, 4]")
     # index_select rather than input[indices]: the same values, a third of the time on the CPU.
-    return _select(mask, input.index_select(0, indices), input)
+    return _select_into(mask, input.index_select(0, indices), input)
 
 
 def cutmix_targets(target: Tensor, params: CutMixParams, num_classes: int) -> Tensor:
