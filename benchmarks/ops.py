@@ -23,7 +23,8 @@ torchvision v2 applied per image.
     .venv/bin/python benchmarks/ops.py [--threads 1] [--rounds 3] [--reps 15] [--json out.json] [--no-peer]
         [--device cuda] [--dtype bfloat16]
 
-``--device cuda`` runs ours, the floor and torchvision on the GPU (synchronising around every timed call);
+``--device cuda`` runs ours, the floor and torchvision on the GPU (synchronising around every timed call; our
+keys stay on the host, as in a notebook);
 the peer interpreter stays on the CPU, so its columns are left out there. ``--dtype`` sets the float images'
 dtype (float32 by default; the uint8 rows stay uint8).
 """
@@ -135,7 +136,9 @@ def our_op(name: str, x: torch.Tensor, y: torch.Tensor) -> Callable[[], Any]:
     logits = torch.zeros(x.shape[0], NUM_CLASSES, device=x.device)
 
     def key() -> torch.Tensor:
-        return R.key(next(counter)).to(x.device)
+        # A notebook's key: made on the host, whatever the device of the batch (host-side draws read it
+        # without a device sync).
+        return R.key(next(counter))
 
     ops: dict[str, Callable[[], Any]] = {
         "floor": lambda: torch.lerp(x, x[perm], 0.3),

@@ -21,5 +21,12 @@ def ensure_targets_one_hot(target: Tensor, num_classes: int) -> Tensor:
         return target
     if target.dtype in (torch.bool, torch.complex64, torch.complex128):
         raise TypeError(f"target of dtype {target.dtype}: expected integer class indices or float probabilities")
+    if torch.compiler.is_compiling():
+        # The same 0/1 values by comparison: F.one_hot checks its indices against num_classes, a
+        # data-dependent test that some dynamo versions (2.11 among them) cannot trace. Eager calls keep the
+        # check, so an out-of-range class still raises.
+        classes = torch.arange(num_classes, device=target.device)
+        classes = classes.view((1, num_classes) + (1,) * (target.dim() - 1))
+        return (target.long().unsqueeze(1) == classes).to(torch.float32)
     one_hot = F.one_hot(target.long(), num_classes).to(torch.float32)
     return one_hot.movedim(-1, 1) if one_hot.dim() > 2 else one_hot

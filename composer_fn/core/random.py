@@ -159,7 +159,7 @@ def split(k: Key, n: int = 2) -> Key:
     """Returns ``n`` independent keys of shape ``[n, ..., 2]`` derived from ``k``."""
     if n < 1:
         raise ValueError(f"n={n!r} must be a positive number of keys")
-    counters = torch.arange(n, dtype=torch.int64, device=k.device).reshape((n,) + (1,) * (k.dim() - 1))
+    counters = _counters(n, k).reshape((n,) + (1,) * (k.dim() - 1))
     return fold_in(k.unsqueeze(0), counters)
 
 
@@ -168,6 +168,17 @@ def host_split(k: HostKey, n: int = 2) -> list[HostKey]:
     if n < 1:
         raise ValueError(f"n={n!r} must be a positive number of keys")
     return [host_fold_in(k, i) for i in range(n)]
+
+
+def _counters(count: int, k: Key) -> Tensor:
+    """Returns ``0, 1, ..., count - 1`` as int64 values, on the key's device."""
+    counters = torch.arange(count, dtype=torch.int64, device=k.device)
+    if torch.compiler.is_compiling() and k.numel() > 0:
+        # Plus a zero read from the key (its words are below 2**32): inductor would otherwise fold the mixing
+        # arithmetic into the arange's index expression, which Triton computes in int32 and in which it
+        # rejects (or overflows) the 32-bit constants. With a loaded term the values are int64 data.
+        counters = counters + (k.reshape(-1)[:1] >> 32)
+    return counters
 
 
 def _shape(shape: Sequence[int] | int) -> tuple[int, ...]:
@@ -185,7 +196,7 @@ def bits(k: Key, shape: Sequence[int] | int) -> Tensor:
     """
     dims = _shape(shape)
     count = math.prod(dims)
-    counter = torch.arange(count, dtype=torch.int64, device=k.device).reshape(dims)
+    counter = _counters(count, k).reshape(dims)
     batch = k.shape[:-1] + (1,) * len(dims)
     word0, word1 = k[..., 0].reshape(batch), k[..., 1].reshape(batch)
     x = _mix32((counter * _GOLDEN + word1) & _MASK)
@@ -281,6 +292,9 @@ def host_rng(k: HostKey) -> np.random.Generator:
     return np.random.Generator(np.random.Philox(key=[word0 << 32 | word1, 0]))
 
 
+# A pure function of a constant string: traced code takes its value instead of tracing the loop over bytes,
+# which some dynamo versions (2.11 among them) cannot iterate.
+@torch.compiler.assume_constant_result
 def name_to_int(name: str) -> int:
     """Returns a stable 32-bit integer for ``name``, to fold a name into a key."""
     value = 0x811C9DC5

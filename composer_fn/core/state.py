@@ -44,17 +44,31 @@ class _Record:
 
     def replace(self: _R, **changes: Any) -> _R:
         """Returns a copy of the record with the given fields changed; the record itself is unchanged."""
-        unknown = changes.keys() - self._fields
-        if unknown:
-            raise TypeError(
-                f"{type(self).__name__}.replace got unknown field(s) {sorted(unknown)}; "
-                f"fields are {sorted(self._fields)}"
-            )
-        new = object.__new__(type(self))
+        for name in changes:
+            if name not in self._fields:
+                unknown = sorted(n for n in changes if n not in self._fields)
+                raise TypeError(
+                    f"{type(self).__name__}.replace got unknown field(s) {unknown}; "
+                    f"fields are {sorted(self._fields)}"
+                )
+        if torch.compiler.is_compiling():
+            # Some dynamo versions (2.11 among them) cannot copy an instance's __dict__; reading each field is
+            # traceable everywhere and costs nothing once traced.
+            return type(self)(**{name: changes.get(name, getattr(self, name)) for name in self._fields})
         values = self.__dict__.copy()
         values.update(changes)
-        object.__setattr__(new, "__dict__", values)
-        return new
+        return _build(type(self), values)
+
+
+def _build(cls: type[_R], fields: dict[str, Any]) -> _R:
+    """Returns a record of ``cls`` holding ``fields`` (every field, by name), without running ``__init__``."""
+    if torch.compiler.is_compiling():
+        # Some dynamo versions (2.11 among them) lose the fields of an object whose ``__dict__`` is assigned
+        # whole; every version traces the dataclass constructor, whose cost does not matter in a trace.
+        return cls(**fields)
+    new = object.__new__(cls)
+    object.__setattr__(new, "__dict__", fields)
+    return new
 
 
 @dataclass(frozen=True, eq=False)
@@ -164,9 +178,7 @@ def _flatten_state(state: State) -> tuple[list[Any], Hashable]:
 
 
 def _unflatten_state(values: Any, layout: Hashable) -> State:
-    new = object.__new__(State)
-    object.__setattr__(new, "__dict__", _join_nones(values, layout))
-    return new
+    return _build(State, _join_nones(values, layout))
 
 
 def _functions(ctx: StepCtx) -> tuple[Any, ...]:
@@ -182,9 +194,7 @@ def _unflatten_ctx(values: Any, context: tuple[tuple[Any, ...], Hashable]) -> St
     functions, layout = context
     fields = _join_nones(values, layout)
     fields.update(zip(_CTX_FUNCTIONS, functions, strict=True))
-    new = object.__new__(StepCtx)
-    object.__setattr__(new, "__dict__", fields)
-    return new
+    return _build(StepCtx, fields)
 
 
 def _state_with_keys(state: State) -> tuple[list[tuple[Any, Any]], Hashable]:
