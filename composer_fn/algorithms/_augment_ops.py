@@ -445,7 +445,14 @@ def _geometric(images: Tensor, op: Tensor, value: Tensor) -> Tensor:
     grid[..., 1] = along_y
     # PIL's bilinear filter: a point inside the image interpolates its neighbours clamped to the image (border
     # padding), a point outside gives 0.
-    inside = (along_x >= -1.0) & (along_x < 1.0) & (along_y >= -1.0) & (along_y < 1.0)
+    if _compiling():
+        inside = (along_x >= -1.0) & (along_x < 1.0) & (along_y >= -1.0) & (along_y < 1.0)
+    else:
+        # The same mask, and-ed as 0/1 bytes: the CPU kernels on bool tensors are several times slower.
+        inside = (along_x >= -1.0).view(torch.uint8)
+        inside &= (along_x < 1.0).view(torch.uint8)
+        inside &= (along_y >= -1.0).view(torch.uint8)
+        inside &= (along_y < 1.0).view(torch.uint8)
     inside = inside.unsqueeze(1).to(torch.float32)
     out = (
         F.grid_sample(_work(images), grid, mode="bilinear", padding_mode="border", align_corners=False)

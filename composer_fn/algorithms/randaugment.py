@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import torch
 from torch import Tensor
 
 from composer_fn.algorithms import _augment_ops as ops
@@ -57,9 +58,12 @@ def randaugment_params(
     _check(severity, depth, augmentation_set)
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be positive")
-    shape = (batch_size, depth)
-    choice = R.randint(R.fold_in(key, 0), 0, len(ops.augmentation_sets[augmentation_set]), shape)
-    uniforms = R.uniform(R.fold_in(key, 1), shape + (4,))
+    # One stream of words for every draw (each eager sampler call is tens of small ops): per image and step,
+    # the first word picks the op, the next four give its strength and sign; the same arithmetic as
+    # R.randint and R.uniform.
+    words = R.bits(key, (batch_size, depth, 5))
+    choice = (words[..., 0] * len(ops.augmentation_sets[augmentation_set])) >> 32
+    uniforms = (words[..., 1:] >> 8).to(torch.float32) * 2.0**-24
     return RandAugmentParams(*ops.draw_ops(uniforms, choice, severity, augmentation_set))
 
 
