@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from composer_fn.algorithms._targets import ensure_targets_one_hot
+from composer_fn.algorithms._targets import check_mixing, draws_at_rest, ensure_targets_one_hot
 from composer_fn.core import random as R
 from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
 from composer_fn.core.event import Event
@@ -179,23 +179,14 @@ class MixUp(Algorithm):
     target_key: int | str = 1
 
     def __post_init__(self) -> None:
-        if self.alpha < 0:
-            raise ValueError(f"alpha={self.alpha!r} must be non-negative")
-        if self.per_sample and self.interpolate_loss:
-            raise ValueError(
-                "per_sample=True with interpolate_loss=True: a per-example weight cannot interpolate the "
-                "batch-mean loss; use interpolate_loss=False (mixed targets) or per_sample=False"
-            )
+        check_mixing(self.alpha, self.per_sample, self.interpolate_loss)
 
     @property
     def stochastic(self) -> bool:
         return self.alpha > 0
 
     def init(self, static: Static, state: State) -> Tensor:
-        # Per-example draws live in the state only from BATCH_START to the step; at rest the entry is empty,
-        # so a checkpoint has the same shape whatever the batch size.
-        shape = (0,) if self.per_sample else ()
-        return torch.zeros(shape, dtype=torch.float32, device=state.step.device)
+        return draws_at_rest(state, self.per_sample)
 
     def host_hooks(self) -> Mapping[Event, HostHook]:
         return {Event.BATCH_START: self._draw_mixing}

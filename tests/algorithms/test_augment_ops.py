@@ -246,12 +246,6 @@ def test_normalized_images_outside_the_unit_range_never_give_nan(seed, batch, c,
         assert bool(torch.isfinite(out).all()), ops.PRIMITIVES[op_id]
 
 
-@pytest.fixture
-def fresh_compiler():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.float32, torch.bfloat16], ids=str)

@@ -193,12 +193,6 @@ def test_the_algorithm_mixes_with_what_augmix_params_draws_from_the_step_key() -
     assert torch.equal(ctx.batch[0], augmix_apply(images, expected))
 
 
-@pytest.fixture
-def fresh_compiler():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.float32], ids=str)

@@ -152,12 +152,6 @@ def test_the_transform_handles_pil_images_like_tensors() -> None:
     assert np.array_equal(np.asarray(out_mask), expected[0].numpy())
 
 
-@pytest.fixture
-def fresh_compiler():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
 
 @pytest.mark.slow
 def test_compiled_colout_equals_eager_bitwise(fresh_compiler) -> None:

@@ -274,12 +274,6 @@ def test_the_algorithm_draws_exactly_what_cutmix_params_draws_from_the_step_key(
     assert after.algos["cutmix"].shape == ((0,) if per_sample else ())
 
 
-@pytest.fixture
-def fresh_compiler():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("per_sample", "uniform"), [(False, False), (True, True)])

@@ -196,12 +196,6 @@ def test_the_algorithm_cuts_what_cutout_params_draws_from_the_step_key() -> None
     assert torch.equal(ctx.batch[0], cutout_apply(setup.batches[0][0], expected))
 
 
-@pytest.fixture
-def fresh_compiler():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("per_sample", "uniform"), [(False, False), (True, True)])

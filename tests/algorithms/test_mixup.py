@@ -187,12 +187,6 @@ def test_per_sample_draws_differ_between_examples_and_keys(seed, batch) -> None:
     )
 
 
-@pytest.fixture
-def fresh_compiler():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)

@@ -162,12 +162,6 @@ def test_the_algorithm_augments_with_what_randaugment_params_draws_from_the_step
     assert torch.equal(ctx.batch[0], randaugment_apply(images, expected))
 
 
-@pytest.fixture
-def fresh_compiler():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.float32], ids=str)
