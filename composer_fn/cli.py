@@ -27,19 +27,28 @@ class Task:
     """A training task: its data, its model and the optimizer settings that train it well."""
 
     description: str
-    data: Callable[[int], tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]
+    data: Callable[[int, bool], tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]
+    """``data(seed, unit_range)``: training and held-out ``(inputs, labels)``; pixels in [0, 1] on request."""
     model: Callable[[], nn.Module]
     batch_size: int
     learning_rate: float
 
 
-def _digits_data(seed: int) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-    task = load_digits_task()
+def _digits_data(
+    seed: int, unit_range: bool
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    task = load_digits_task(standardize=not unit_range)
     return task.train, task.heldout
 
 
-def _synthetic_data(seed: int) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+def _synthetic_data(
+    seed: int, unit_range: bool
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     images, labels = synthetic_images(R.key(seed), 2560, num_classes=10, shape=(3, 16, 16), noise=2.0)
+    if unit_range:
+        # Mapped affinely with the training part's extremes, the held-out part clipped to the same range.
+        low, high = images[:2048].min(), images[:2048].max()
+        images = ((images - low) / (high - low)).clamp(0.0, 1.0)
     return (images[:2048], labels[:2048]), (images[2048:], labels[2048:])
 
 
@@ -105,13 +114,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _wants_unit_range(algorithms: tuple[Algorithm, ...]) -> bool:
+    """Returns whether an algorithm takes pixels in [0, 1] (then the task's inputs are not standardised)."""
+    return any(a.input_range is not None for a in algorithms)
+
+
 def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Task) -> int:
     from composer_fn.trainer import Trainer
 
     if args.threads:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    train, heldout = task.data(args.seed)
+    train, heldout = task.data(args.seed, _wants_unit_range(algorithms))
     batch_size = args.batch_size or task.batch_size
     loader = TensorLoader(train, batch_size, shuffle=True, seed=args.seed)
     eval_loader = TensorLoader(heldout, 512, shuffle=False)
@@ -144,7 +158,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
 
 
 def _plan(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Task) -> int:
-    train, _ = task.data(args.seed)
+    train, _ = task.data(args.seed, _wants_unit_range(algorithms))
     batch_size = args.batch_size or task.batch_size
     steps_per_epoch = len(TensorLoader(train, batch_size, shuffle=False))
     input_shape = (batch_size, *train[0].shape[1:])

@@ -35,3 +35,12 @@ def test_train_runs_and_reports_accuracy_and_time(capsys, tmp_path) -> None:
     out = capsys.readouterr().out
     assert "held-out accuracy" in out and "wall time" in out
     assert log.read_text().count('"kind": "eval"') == 2
+
+
+@pytest.mark.parametrize("task", ["digits", "synthetic"])
+def test_an_augmentation_of_unit_pixels_trains_on_unit_pixels(capsys, task) -> None:
+    status = main(
+        ["train", "--task", task, "--algorithms", "randaugment", "--max-duration", "1ep", "--no-progress"]
+    )
+    assert status == 0
+    assert "held-out accuracy" in capsys.readouterr().out

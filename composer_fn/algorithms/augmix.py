@@ -263,6 +263,7 @@ class AugMix(Algorithm):
     """
 
     algorithm_name = "augmix"
+    input_range = (0.0, 1.0)
 
     severity: float = 3
     depth: int = -1

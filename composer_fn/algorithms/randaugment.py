@@ -152,6 +152,7 @@ class RandAugment(Algorithm):
     """
 
     algorithm_name = "randaugment"
+    input_range = (0.0, 1.0)
 
     severity: float = 9
     depth: int = 2

@@ -13,7 +13,8 @@ An algorithm keeps no state on itself. Whatever it must carry between steps live
   and each distinct value compiles one step.
 - ``requires`` declares what the trainer must provide (e.g. ``"per_sample_loss"``), as data.
 - ``modality`` says what batches the algorithm transforms (``"image"`` or ``"tokens"``), so the contract
-  suite builds a matching set-up.
+  suite builds a matching set-up; ``input_range`` says what values it expects of floating-point inputs, so
+  the trainer can refuse a batch it would silently mangle.
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ class Algorithm:
 
     modality: ClassVar[str] = "image"
     """What batches it works on: ``"image"`` (``[B, C, H, W]`` inputs, class targets) or ``"tokens"``."""
+
+    input_range: ClassVar[tuple[float, float] | None] = None
+    """The range floating-point inputs must lie in (``(0.0, 1.0)``: pixels before normalisation), or None."""
 
     @property
     def name(self) -> str:

@@ -256,6 +256,24 @@ class Trainer:
             self._eval_steps[cache_key] = step
         return step
 
+    def _check_input_range(self, batch: Any) -> None:
+        # Once, on the first batch: an augmentation written for pixels in [0, 1] would silently mangle
+        # standardised inputs (a traced step cannot read values to check them).
+        input = batch_get(batch, self.input_key)
+        if not isinstance(input, Tensor) or not input.is_floating_point() or input.numel() == 0:
+            return
+        low, high = float(input.min()), float(input.max())
+        for algorithm in self.algorithms:
+            if algorithm.input_range is None:
+                continue
+            lowest, highest = algorithm.input_range
+            if low < lowest or high > highest:
+                raise ValueError(
+                    f"{algorithm.name} takes floating-point inputs in [{lowest}, {highest}], but the first batch's "
+                    f"inputs span [{low:.4g}, {high:.4g}]: give it pixels before normalisation (or uint8 images) "
+                    "and normalise after it, e.g. in the model"
+                )
+
     def _counting_backend(self) -> Callable[..., Any]:
         from torch._dynamo import lookup_backend
 
@@ -330,6 +348,7 @@ class Trainer:
         step: StepFn = self._train_step(step_plan)
         loss: Tensor | None = None
         saved_at = -1
+        unchecked = any(a.input_range is not None for a in self.algorithms)
         try:
             while self.timestamp.batch < self.max_steps:
                 plan = self._plan(self.timestamp)
@@ -341,6 +360,9 @@ class Trainer:
                     size = meta.batch_size
                     plan = self._plan(self.timestamp, meta)
                     batch = self._to_device(raw)
+                    if unchecked:
+                        self._check_input_range(batch)
+                        unchecked = False
                     if plan.host or listening:
                         self._host_event(Event.BEFORE_DATALOADER, plan)
                         self._host_event(Event.BATCH_START, plan, meta)

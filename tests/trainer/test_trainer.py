@@ -209,3 +209,25 @@ def test_in_memory_logger_holds_the_hyperparameters_record() -> None:
     _trainer(algorithms=[MixUp()], max_duration="2ba", loggers=[logger]).fit()
     hparams = [r for r in logger.records if r["kind"] == "hparams"]
     assert hparams and hparams[0]["algorithms"][0]["algorithm"] == "mixup"
+
+
+@pytest.mark.parametrize("standardize", [True, False])
+def test_an_augmentation_of_unit_pixels_refuses_standardised_inputs_and_takes_unit_ones(standardize) -> None:
+    from composer_fn.algorithms import AugMix, RandAugment
+
+    task = load_digits_task(standardize=standardize)
+    for algorithm in (RandAugment(), AugMix()):
+        trainer = Trainer(
+            SmallCNN(in_channels=1, num_classes=10, width=4),
+            TensorLoader(task.train, 32, seed=0),
+            max_duration="2ba",
+            optimizer=optim.sgd(0.05),
+            algorithms=[algorithm],
+            progress_bar=False,
+        )
+        if standardize:
+            with pytest.raises(ValueError, match=rf"{algorithm.name} takes floating-point inputs in \[0.0, 1.0\]"):
+                trainer.fit()
+        else:
+            trainer.fit()
+            assert trainer.timestamp.batch == 2
