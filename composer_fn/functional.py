@@ -17,6 +17,7 @@ from composer_fn.algorithms.cutmix import (
     cutmix_targets,
 )
 from composer_fn.algorithms.cutout import CutOutParams, cutout_apply, cutout_batch, cutout_params
+from composer_fn.algorithms.gradient_clipping import apply_gradient_clipping
 from composer_fn.algorithms.label_smoothing import smooth_labels
 from composer_fn.algorithms.mixup import MixUpParams, mixup_apply, mixup_batch, mixup_params, mixup_targets
 from composer_fn.algorithms.progressive_resizing import (
@@ -52,6 +53,7 @@ __all__ = [
     "MixUpParams",
     "RandAugmentParams",
     "apply_channels_last",
+    "apply_gradient_clipping",
     "augmix_apply",
     "augmix_batch",
     "augmix_image",

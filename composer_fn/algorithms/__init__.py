@@ -5,6 +5,7 @@ from composer_fn.algorithms.channels_last import ChannelsLast
 from composer_fn.algorithms.colout import ColOut
 from composer_fn.algorithms.cutmix import CutMix
 from composer_fn.algorithms.cutout import CutOut
+from composer_fn.algorithms.gradient_clipping import GradientClipping
 from composer_fn.algorithms.label_smoothing import LabelSmoothing
 from composer_fn.algorithms.mixup import MixUp
 from composer_fn.algorithms.progressive_resizing import ProgressiveResizing
@@ -18,6 +19,7 @@ __all__ = [
     "ColOut",
     "CutMix",
     "CutOut",
+    "GradientClipping",
     "LabelSmoothing",
     "MixUp",
     "ProgressiveResizing",

@@ -14,15 +14,23 @@ from composer_fn.optim.base import (
     masked,
     named_chain,
 )
+from composer_fn.optim.clipping import adaptive_clip, clip_by_global_norm, clip_by_value
 from composer_fn.optim.optimizers import adam, adamw, decoupled_adamw, sgd, sgdw
 from composer_fn.optim.schedules import (
     ConstantScheduler,
     ConstantWithWarmupScheduler,
     CosineAnnealingScheduler,
+    CosineAnnealingWarmRestartsScheduler,
     CosineAnnealingWithWarmupScheduler,
+    ExponentialScheduler,
     LinearScheduler,
     LinearWithWarmupScheduler,
+    MultiStepScheduler,
+    MultiStepWithWarmupScheduler,
+    PolynomialScheduler,
+    PolynomialWithWarmupScheduler,
     ScheduleFn,
+    StepScheduler,
 )
 from composer_fn.optim.transforms import (
     ScaleByAdamState,
@@ -56,6 +64,9 @@ __all__ = [
     "add_decayed_weights",
     "trace",
     "scale_by_adam",
+    "clip_by_global_norm",
+    "clip_by_value",
+    "adaptive_clip",
     "apply_updates",
     "apply_updates_",
     "sgd",
@@ -70,4 +81,11 @@ __all__ = [
     "ConstantWithWarmupScheduler",
     "LinearWithWarmupScheduler",
     "CosineAnnealingWithWarmupScheduler",
+    "StepScheduler",
+    "MultiStepScheduler",
+    "ExponentialScheduler",
+    "CosineAnnealingWarmRestartsScheduler",
+    "PolynomialScheduler",
+    "MultiStepWithWarmupScheduler",
+    "PolynomialWithWarmupScheduler",
 ]
