@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import sys
 import time
 import warnings
@@ -95,6 +96,8 @@ class Trainer:
         max_duration: how long to train: ``'10ep'``, ``'500ba'`` or an int number of epochs.
         optimizer: a gradient transformation (``composer_fn.optim.sgd(...)``); default ``sgdw(0.1)``.
         schedule: a learning-rate multiplier schedule (``composer_fn.optim.CosineAnnealingScheduler()``).
+        scale_schedule_ratio: Composer's scale-schedule ratio ``r``: the run trains ``int(r * steps)`` steps of
+            ``max_duration`` and the schedule's times in ba and ep stretch by the same ``r``.
         algorithms: algorithm records, each at most once.
         seed: the root of every random draw of the run.
         precision: ``'fp32'`` or ``'bf16-mixed'`` (autocast inside the step).
@@ -119,6 +122,7 @@ class Trainer:
         max_duration: str | int | Time,
         optimizer: GradientTransformation | None = None,
         schedule: Any = None,
+        scale_schedule_ratio: float = 1.0,
         algorithms: Sequence[Algorithm] = (),
         seed: int = 0,
         precision: Precision = "fp32",
@@ -163,7 +167,23 @@ class Trainer:
         if duration.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH):
             raise ValueError(f"max_duration={max_duration!r} must be in epochs or batches, e.g. '10ep' or '500ba'")
         self.max_duration = duration
-        self.max_steps = to_steps(duration, steps_per_epoch=self.steps_per_epoch, max_steps=0)
+        if (
+            isinstance(scale_schedule_ratio, bool)
+            or not isinstance(scale_schedule_ratio, int | float)
+            or not math.isfinite(scale_schedule_ratio)
+            or scale_schedule_ratio <= 0
+        ):
+            raise ValueError(f"scale_schedule_ratio={scale_schedule_ratio!r} must be a finite number > 0")
+        self.scale_schedule_ratio = float(scale_schedule_ratio)
+        # Composer multiplies max_duration by the ratio; counting in steps keeps a fractional epoch's batches.
+        self.max_steps = int(
+            to_steps(duration, steps_per_epoch=self.steps_per_epoch, max_steps=0) * self.scale_schedule_ratio
+        )
+        if self.max_steps < 1:
+            raise ValueError(
+                f"max_duration={max_duration!r} scaled by scale_schedule_ratio={scale_schedule_ratio!r} leaves "
+                f"{self.max_steps} steps (steps_per_epoch={self.steps_per_epoch}); expected at least one"
+            )
         self.input_key, self.target_key = input_key, target_key
         self.loss_fn = loss_fn if loss_fn is not None else cross_entropy_loss(target_key)
         if per_sample_loss_fn is None and loss_fn is None:
@@ -192,7 +212,11 @@ class Trainer:
             self.lr_multiplier = ConstantScheduler().resolve(steps_per_epoch=self.steps_per_epoch, max_steps=1)
             self.tx = optimizer
         else:
-            self.lr_multiplier = schedule.resolve(steps_per_epoch=self.steps_per_epoch, max_steps=self.max_steps)
+            self.lr_multiplier = schedule.resolve(
+                steps_per_epoch=self.steps_per_epoch,
+                max_steps=self.max_steps,
+                scale_schedule_ratio=self.scale_schedule_ratio,
+            )
             self.tx = chain(optimizer, scale_by_schedule(self.lr_multiplier, host_evaluable=True))
 
         target_device = torch.device(device) if device is not None else _default_device()
@@ -524,6 +548,7 @@ def hparams_of(trainer: Trainer) -> Mapping[str, Any]:
     """Returns the run's settings as plain values, for loggers."""
     return {
         "max_duration": str(trainer.max_duration),
+        "scale_schedule_ratio": trainer.scale_schedule_ratio,
         "algorithms": [a.to_config() for a in trainer.algorithms],
         "precision": trainer.static.precision,
         "seed": trainer.static.seed,

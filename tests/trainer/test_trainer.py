@@ -231,3 +231,35 @@ def test_an_augmentation_of_unit_pixels_refuses_standardised_inputs_and_takes_un
         else:
             trainer.fit()
             assert trainer.timestamp.batch == 2
+
+
+@pytest.mark.parametrize(("ratio", "steps", "multipliers"), [(1.0, 8, [1, 1, 1, 1, 0.5, 0.5, 0.5, 0.5]), (0.5, 4, [1, 1, 0.5, 0.5])])
+def test_the_scale_schedule_ratio_scales_the_run_and_the_schedule_alike(ratio, steps, multipliers) -> None:
+    task = load_digits_task()
+    trainer = Trainer(
+        MLP(64, 10, hidden=(8,)),
+        TensorLoader(task.train, 64, seed=0),
+        max_duration="8ba",
+        optimizer=optim.sgd(0.1),
+        schedule=optim.StepScheduler("4ba", gamma=0.5),
+        scale_schedule_ratio=ratio,
+        progress_bar=False,
+    )
+    assert trainer.max_steps == steps
+    assert [float(trainer.lr_multiplier(step)) for step in range(steps)] == multipliers
+    trainer.fit()
+    assert trainer.timestamp.batch == steps
+
+
+@pytest.mark.parametrize("ratio", [0, -0.5, float("nan"), "0.5", True, 0.01])
+def test_a_bad_or_vanishing_scale_schedule_ratio_is_refused(ratio) -> None:
+    task = load_digits_task()
+    with pytest.raises(ValueError, match="scale_schedule_ratio="):
+        Trainer(
+            MLP(64, 10, hidden=(8,)),
+            TensorLoader(task.train, 64, seed=0),
+            max_duration="8ba",
+            optimizer=optim.sgd(0.1),
+            scale_schedule_ratio=ratio,
+            progress_bar=False,
+        )
