@@ -6,6 +6,8 @@ The public surface: ``Trainer``; the records ``State``, ``StepCtx``, ``Static``;
 
 from composer_fn import functional, optim
 from composer_fn.algorithms import (
+    EMA,
+    SAM,
     AugMix,
     ChannelsLast,
     ColOut,
@@ -34,12 +36,14 @@ __all__ = [
     "ColOut",
     "CutMix",
     "CutOut",
+    "EMA",
     "Event",
     "GradientClipping",
     "LabelSmoothing",
     "MixUp",
     "ProgressiveResizing",
     "RandAugment",
+    "SAM",
     "SelectiveBackprop",
     "SeqLengthWarmup",
     "State",

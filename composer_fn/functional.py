@@ -17,6 +17,7 @@ from composer_fn.algorithms.cutmix import (
     cutmix_targets,
 )
 from composer_fn.algorithms.cutout import CutOutParams, cutout_apply, cutout_batch, cutout_params
+from composer_fn.algorithms.ema import compute_ema, ema_update
 from composer_fn.algorithms.gradient_clipping import apply_gradient_clipping
 from composer_fn.algorithms.label_smoothing import smooth_labels
 from composer_fn.algorithms.mixup import MixUpParams, mixup_apply, mixup_batch, mixup_params, mixup_targets
@@ -36,6 +37,7 @@ from composer_fn.algorithms.randaugment import (
     randaugment_image,
     randaugment_params,
 )
+from composer_fn.algorithms.sam import sam_gradients, sam_perturbation
 from composer_fn.algorithms.selective_backprop import (
     select_indices,
     select_using_loss,
@@ -62,6 +64,7 @@ __all__ = [
     "colout_apply",
     "colout_batch",
     "colout_params",
+    "compute_ema",
     "crop_apply",
     "crop_params",
     "cutmix_apply",
@@ -71,6 +74,7 @@ __all__ = [
     "cutout_apply",
     "cutout_batch",
     "cutout_params",
+    "ema_update",
     "mixup_apply",
     "mixup_batch",
     "mixup_params",
@@ -83,6 +87,8 @@ __all__ = [
     "randaugment_params",
     "resize_apply",
     "resize_batch",
+    "sam_gradients",
+    "sam_perturbation",
     "select_indices",
     "select_using_loss",
     "selection_weights",

@@ -5,11 +5,13 @@ from composer_fn.algorithms.channels_last import ChannelsLast
 from composer_fn.algorithms.colout import ColOut
 from composer_fn.algorithms.cutmix import CutMix
 from composer_fn.algorithms.cutout import CutOut
+from composer_fn.algorithms.ema import EMA
 from composer_fn.algorithms.gradient_clipping import GradientClipping
 from composer_fn.algorithms.label_smoothing import LabelSmoothing
 from composer_fn.algorithms.mixup import MixUp
 from composer_fn.algorithms.progressive_resizing import ProgressiveResizing
 from composer_fn.algorithms.randaugment import RandAugment
+from composer_fn.algorithms.sam import SAM
 from composer_fn.algorithms.selective_backprop import SelectiveBackprop
 from composer_fn.algorithms.seq_length_warmup import SeqLengthWarmup
 
@@ -19,11 +21,13 @@ __all__ = [
     "ColOut",
     "CutMix",
     "CutOut",
+    "EMA",
     "GradientClipping",
     "LabelSmoothing",
     "MixUp",
     "ProgressiveResizing",
     "RandAugment",
+    "SAM",
     "SelectiveBackprop",
     "SeqLengthWarmup",
 ]

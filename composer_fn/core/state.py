@@ -24,6 +24,7 @@ __all__ = [
     "Precision",
     "LossFn",
     "ForwardFn",
+    "GradientFn",
     "batch_get",
     "batch_set",
     "tree_map",
@@ -32,6 +33,7 @@ __all__ = [
 Precision = Literal["fp32", "bf16-mixed"]
 LossFn = Callable[[Any, Any], Tensor]
 ForwardFn = Callable[[Mapping[str, Tensor], Mapping[str, Tensor], Any], tuple[Any, dict[str, Tensor]]]
+GradientFn = Callable[[Mapping[str, Tensor]], tuple[Tensor, dict[str, Tensor]]]
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16-mixed")
 
 _R = TypeVar("_R", bound="_Record")
@@ -108,6 +110,9 @@ class StepCtx(_Record):
             before the real one); the buffers given are not written to.
         per_sample_loss_fn: ``per_sample_loss_fn(outputs, batch) -> [B]`` losses, one per sample, for an
             algorithm that declared ``"per_sample_loss"``.
+        gradient_fn: ``gradient_fn(params) -> (loss, grads)``, the loss closure, from AFTER_BACKWARD on, for an
+            algorithm that declared ``"loss_closure"``: the detached loss of this step's batch, as the loss saw
+            it, and its gradients, at other parameter values, under the step's precision; it writes nothing.
         outputs: the model's outputs, from AFTER_FORWARD on.
         loss: the scalar loss, from AFTER_LOSS on.
         per_sample_loss: per-sample losses, when an algorithm asked for them.
@@ -121,6 +126,7 @@ class StepCtx(_Record):
     loss_fn: LossFn
     forward: ForwardFn | None = None
     per_sample_loss_fn: LossFn | None = None
+    gradient_fn: GradientFn | None = None
     outputs: Any = None
     loss: Tensor | None = None
     per_sample_loss: Tensor | None = None
@@ -131,7 +137,7 @@ class StepCtx(_Record):
 State._fields = frozenset(f.name for f in dataclasses.fields(State))
 StepCtx._fields = frozenset(f.name for f in dataclasses.fields(StepCtx))
 _STATE_FIELDS = tuple(f.name for f in dataclasses.fields(State))
-_CTX_FUNCTIONS = ("loss_fn", "forward", "per_sample_loss_fn")
+_CTX_FUNCTIONS = ("loss_fn", "forward", "per_sample_loss_fn", "gradient_fn")
 _CTX_FIELDS = tuple(f.name for f in dataclasses.fields(StepCtx) if f.name not in _CTX_FUNCTIONS)
 
 

@@ -9,6 +9,12 @@ mechanisms compute it, chosen by ``grad_mode``:
 
 Module buffers (BatchNorm statistics) are cloned into the forward and come back as ``State.buffers``; the
 input state is never written to.
+
+From AFTER_BACKWARD on, hooks find the loss closure in ``ctx.gradient_fn``: ``gradient_fn(params) -> (loss,
+grads)`` reruns BEFORE_FORWARD through BEFORE_BACKWARD (pure and keyed, so they transform the batch and the loss
+exactly as in the first pass), the forward and the loss at ``params``, by the step's own gradient mechanism and
+precision. Its state and outputs are dropped: the BatchNorm statistics it computes are discarded, so they
+advance once per step, by the first pass, however many times the closure is called.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from torch.func import functional_call, grad_and_value
 from composer_fn.core import random as R
 from composer_fn.core.engine import Plan, run_event
 from composer_fn.core.event import Event
-from composer_fn.core.state import LossFn, State, Static, StepCtx, batch_get
+from composer_fn.core.state import GradientFn, LossFn, State, Static, StepCtx, batch_get
 from composer_fn.optim.base import GradientTransformation, apply_updates
 
 __all__ = [
@@ -162,8 +168,9 @@ def make_train_step(
     The step returns the new state and ``{"loss": loss}`` (detached). It runs, in order: AFTER_DATALOADER,
     BEFORE_TRAIN_BATCH, BEFORE_FORWARD, the forward, AFTER_FORWARD, BEFORE_LOSS, the loss, AFTER_LOSS,
     BEFORE_BACKWARD, the gradient, AFTER_BACKWARD, AFTER_TRAIN_BATCH, the update, AFTER_OPTIMIZER_STEP.
-    Hooks find the model as a pure function in ``ctx.forward`` and per-sample losses in
-    ``ctx.per_sample_loss_fn`` (``per_sample_loss_fn``, or ``loss_fn`` vectorized per sample when not given).
+    Hooks find the model as a pure function in ``ctx.forward``, per-sample losses in
+    ``ctx.per_sample_loss_fn`` (``per_sample_loss_fn``, or ``loss_fn`` vectorized per sample when not given) and,
+    from AFTER_BACKWARD on, the loss closure in ``ctx.gradient_fn`` (see the module docstring).
     """
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"grad_mode={grad_mode!r} must be one of {', '.join(GRAD_MODES)}")
@@ -191,6 +198,22 @@ def make_train_step(
     def forward(params: Mapping[str, Tensor], buffers: Mapping[str, Tensor], input: Any) -> tuple[Any, dict[str, Tensor]]:
         return _forward(static, params, buffers, input, slots)
 
+    def gradients(params: Mapping[str, Tensor], state: State, ctx: StepCtx) -> tuple[Tensor, dict[str, Tensor]]:
+        if grad_mode == "func":
+            grads, (loss, _) = differentiate(params, state, ctx)
+            return loss.detach(), grads
+        leaves = {name: p.detach().requires_grad_() for name, p in params.items()}
+        # A hook may call the closure under no_grad; its gradient must not depend on where it is called from.
+        with torch.enable_grad():
+            loss, _ = loss_and_aux(leaves, state, ctx)
+            return loss.detach(), dict(zip(leaves, torch.autograd.grad(loss, tuple(leaves.values())), strict=True))
+
+    def gradient_fn_at(state: State, ctx: StepCtx) -> GradientFn:
+        def gradient_fn(params: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+            return gradients(params, state, ctx)
+
+        return gradient_fn
+
     def train_step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
         ctx = StepCtx(
             batch=batch,
@@ -201,13 +224,14 @@ def make_train_step(
         )
         state, ctx = run_event(Event.AFTER_DATALOADER, plan, state, ctx)
         state, ctx = run_event(Event.BEFORE_TRAIN_BATCH, plan, state, ctx)
+        gradient_fn = gradient_fn_at(state, ctx)
         if grad_mode == "func":
             grads, (loss, (state, ctx)) = differentiate(state.params, state, ctx)
         else:
             leaves = {name: p.detach().requires_grad_() for name, p in state.params.items()}
             loss, (state, ctx) = loss_and_aux(leaves, state, ctx)
             grads = dict(zip(leaves, torch.autograd.grad(loss, tuple(leaves.values())), strict=True))
-        ctx = ctx.replace(grads=grads, loss=loss.detach(), outputs=_detach(ctx.outputs))
+        ctx = ctx.replace(grads=grads, loss=loss.detach(), outputs=_detach(ctx.outputs), gradient_fn=gradient_fn)
         state, ctx = run_event(Event.AFTER_BACKWARD, plan, state, ctx)
         state, ctx = run_event(Event.AFTER_TRAIN_BATCH, plan, state, ctx)
         assert ctx.grads is not None

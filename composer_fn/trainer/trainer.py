@@ -49,7 +49,7 @@ from composer_fn.trainer.step import (
 
 __all__ = ["Trainer"]
 
-SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset({"per_sample_loss", "extra_forward"})
+SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset({"per_sample_loss", "extra_forward", "loss_closure"})
 """What this trainer can provide to algorithms (see ``Algorithm.requires``)."""
 
 

@@ -1,0 +1,323 @@
+"""EMA: evaluate with an exponential moving average of the weights (Composer's ``EMA``).
+
+``average = smoothing * average + (1 - smoothing) * weights`` after every ``update_interval`` of training, over
+the parameters and the buffers (Composer averages BatchNorm statistics too). A half-life ``h`` gives
+``smoothing = 2 ** (-update_interval / h)``: the weight of an update falls to one half after ``h``.
+
+The average lives in ``State.algos["ema"]`` next to the training weights, never in place of them:
+
+- an interval in batches updates inside the compiled step at ``AFTER_OPTIMIZER_STEP``; one in epochs updates on
+  the host at ``EPOCH_END``;
+- the first update at or after ``ema_start`` restarts the average from the weights of that moment (Composer's
+  rule), and only from then on does evaluation see it;
+- ``EVAL_START`` swaps the average into ``State.params``/``State.buffers`` and the training weights into
+  ``State.algos["ema"]``; ``EVAL_END`` swaps them back, so training resumes from its own weights bit for bit
+  and a checkpoint holds both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
+from composer_fn.core.event import Event
+from composer_fn.core.state import BatchMeta, State, Static, StepCtx
+from composer_fn.core.time import Time, Timestamp, TimeUnit
+
+__all__ = ["EMA", "compute_ema", "ema_smoothing", "ema_update"]
+
+_INTERVAL_UNITS = (TimeUnit.BATCH, TimeUnit.EPOCH)
+_START_UNITS = (TimeUnit.BATCH, TimeUnit.EPOCH, TimeUnit.DURATION)
+_START = "start"
+
+
+def _check_smoothing(smoothing: float | Tensor) -> None:
+    if isinstance(smoothing, Tensor):
+        if smoothing.dim() != 0:
+            raise ValueError(
+                f"smoothing of shape {tuple(smoothing.shape)}: expected a number or a 0-d tensor"
+            )
+        return
+    if isinstance(smoothing, bool) or not isinstance(smoothing, int | float) or not 0.0 <= smoothing <= 1.0:
+        raise ValueError(f"smoothing={smoothing!r} must be a number in [0, 1]")
+
+
+def ema_update(
+    average: Mapping[str, Tensor], params: Mapping[str, Tensor], smoothing: float | Tensor
+) -> dict[str, Tensor]:
+    """Returns ``smoothing * average + (1 - smoothing) * params`` for every name, as new tensors.
+
+    Floating-point tensors are averaged in one ``torch._foreach_lerp`` (the update of
+    ``torch.optim.swa_utils.get_ema_multi_avg_fn``); integer tensors, such as BatchNorm's
+    ``num_batches_tracked``, are counters rather than weights and take the value in ``params``. Neither input is
+    modified. Both must hold the same names.
+    """
+    _check_smoothing(smoothing)
+    if average.keys() != params.keys():
+        missing, extra = sorted(params.keys() - average.keys()), sorted(average.keys() - params.keys())
+        raise ValueError(
+            f"average and params must hold the same names: {missing} only in params, {extra} only in average"
+        )
+    floating = [n for n, t in average.items() if t.is_floating_point() or t.is_complex()]
+    weight = 1.0 - smoothing
+    old, new = [average[n] for n in floating], [params[n] for n in floating]
+    # The stubs list only number weights; a 0-d tensor weight is an overload of the same kernel.
+    mixed = torch._foreach_lerp(old, new, weight) if floating else []  # type: ignore[arg-type]
+    updated = dict(zip(floating, mixed, strict=True))
+    return {n: updated[n] if n in updated else params[n].clone() for n in average}
+
+
+def compute_ema(
+    model: Mapping[str, Tensor], ema_model: Mapping[str, Tensor], smoothing: float | Tensor = 0.99
+) -> dict[str, Tensor]:
+    """Returns ``ema_model`` moved towards ``model``: ``smoothing * ema + (1 - smoothing) * model`` per name.
+
+    Composer's ``compute_ema(model, ema_model, smoothing)`` over tensor dictionaries (parameters and buffers by
+    qualified name) rather than modules, returning the new average instead of writing into ``ema_model``.
+    As in Composer, only names that ``ema_model`` holds are averaged; names ``model`` lacks are kept as they are.
+    """
+    shared = [n for n in ema_model if n in model]
+    updated = ema_update({n: ema_model[n] for n in shared}, {n: model[n] for n in shared}, smoothing)
+    return {n: updated.get(n, tensor) for n, tensor in ema_model.items()}
+
+
+def _time(value: str, argument: str, units: tuple[TimeUnit, ...], example: str) -> Time:
+    accepted = ", ".join(u.value for u in units)
+    try:
+        parsed = Time.from_timestring(value) if isinstance(value, str) else None
+    except (ValueError, TypeError):
+        parsed = None
+    if parsed is None or parsed.unit not in units:
+        raise ValueError(f"{argument}={value!r} must be a time string in {accepted}, e.g. {example!r}")
+    return parsed
+
+
+def ema_smoothing(half_life: str, update_interval: str | None = None) -> float:
+    """Returns Composer's smoothing for a half-life: ``2 ** (-update_interval / half_life)``.
+
+    ``update_interval`` defaults to one unit of ``half_life`` (``'1ba'`` for ``'1000ba'``), which gives
+    ``exp(-ln 2 / half_life)``; a longer interval gives that per-unit smoothing raised to its length.
+    """
+    life = _time(half_life, "half_life", _INTERVAL_UNITS, "1000ba")
+    if life.value <= 0:
+        raise ValueError(f"half_life={half_life!r} must be positive, e.g. '1000ba'")
+    interval = Time(1, life.unit) if update_interval is None else _interval(update_interval)
+    if interval.unit is not life.unit:
+        raise ValueError(
+            f"update_interval={update_interval!r} and half_life={half_life!r} must share a unit "
+            f"(both in {life.unit.value} or both in {interval.unit.value})"
+        )
+    return math.exp(-math.log(2.0) * interval.value / life.value)
+
+
+def _interval(update_interval: str) -> Time:
+    interval = _time(update_interval, "update_interval", _INTERVAL_UNITS, "1ba")
+    if not (interval.value > 0 and float(interval.value).is_integer()):
+        raise ValueError(
+            f"update_interval={update_interval!r} must be a positive whole number of ba or ep, e.g. '1ba'"
+        )
+    return interval
+
+
+class _Schedule(NamedTuple):
+    interval: Time
+    start: Time
+    smoothing: float
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule(algorithm: EMA) -> _Schedule:
+    if (algorithm.half_life is None) == (algorithm.smoothing is None):
+        raise ValueError(
+            f"EMA needs exactly one of half_life and smoothing; got half_life={algorithm.half_life!r}, "
+            f"smoothing={algorithm.smoothing!r}: give half_life as a time string such as '1000ba', or smoothing "
+            "in [0, 1] with half_life=None"
+        )
+    start = _time(algorithm.ema_start, "ema_start", _START_UNITS, "0.0dur")
+    if start.value < 0:
+        raise ValueError(f"ema_start={algorithm.ema_start!r} must not be negative, e.g. '0.0dur' or '100ba'")
+    if algorithm.half_life is not None:
+        life = _time(algorithm.half_life, "half_life", _INTERVAL_UNITS, "1000ba")
+        interval = (
+            Time(1, life.unit) if algorithm.update_interval is None else _interval(algorithm.update_interval)
+        )
+        return _Schedule(interval, start, ema_smoothing(algorithm.half_life, algorithm.update_interval))
+    assert algorithm.smoothing is not None
+    _check_smoothing(algorithm.smoothing)
+    interval = (
+        Time(1, TimeUnit.BATCH) if algorithm.update_interval is None else _interval(algorithm.update_interval)
+    )
+    return _Schedule(interval, start, float(algorithm.smoothing))
+
+
+def _copies(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    return {n: t.detach().clone() for n, t in tensors.items()}
+
+
+@register
+@dataclass(frozen=True)
+class EMA(Algorithm):
+    """Keeps an exponential moving average of the weights and evaluates with it (Composer's ``EMA``).
+
+    Args:
+        half_life: the time (``'1000ba'``, ``'2ep'``) after which an update's weight in the average has halved;
+            None when ``smoothing`` is given.
+        smoothing: the weight of the old average at each update, in [0, 1]; None when ``half_life`` is given.
+        ema_start: when averaging begins (``'0.0dur'``, ``'100ba'``, ``'1ep'``); the first update from then on
+            restarts the average from the current weights, and evaluation uses the training weights before it.
+        update_interval: how often to update (``'1ba'``, ``'1ep'``); one unit of ``half_life`` by default, else
+            ``'1ba'``. Must share the unit of ``half_life``.
+    """
+
+    algorithm_name = "ema"
+
+    half_life: str | None = "1000ba"
+    smoothing: float | None = None
+    ema_start: str = "0.0dur"
+    update_interval: str | None = None
+
+    def __post_init__(self) -> None:
+        _schedule(self)
+
+    @property
+    def update_smoothing(self) -> float:
+        """Returns the smoothing applied at each update (``2 ** (-update_interval / half_life)``)."""
+        return _schedule(self).smoothing
+
+    @property
+    def _in_batches(self) -> bool:
+        return _schedule(self).interval.unit is TimeUnit.BATCH
+
+    def init(self, static: Static, state: State) -> dict[str, Any]:
+        return {
+            "params": _copies(state.params),
+            "buffers": _copies(state.buffers),
+            "started": torch.zeros((), dtype=torch.bool, device=state.step.device),
+        }
+
+    def traced_hooks(self) -> Mapping[Event, Hook]:
+        if not self._in_batches:
+            return {}
+        # Resolved here, on the host: the traced hook binds the smoothing as a constant.
+        smoothing = self.update_smoothing
+
+        def update(state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+            return self._averaged(state, smoothing), ctx
+
+        return {Event.AFTER_OPTIMIZER_STEP: update}
+
+    def traced_hooks_at(self, plan_key: Hashable) -> Mapping[Event, Hook]:
+        if plan_key == _START and self._in_batches:
+            return {Event.AFTER_OPTIMIZER_STEP: self._restart}
+        return self.traced_hooks()
+
+    def host_hooks(self) -> Mapping[Event, HostHook]:
+        hooks: dict[Event, HostHook] = {Event.EVAL_START: self._swap, Event.EVAL_END: self._swap}
+        if not self._in_batches:
+            hooks[Event.EPOCH_END] = self._update_at_epoch_end
+        return hooks
+
+    def match(self, event: Event, timestamp: Timestamp) -> bool:
+        if event is Event.AFTER_OPTIMIZER_STEP:
+            return self._updates(*_batch_end_times(timestamp))
+        if event is Event.EPOCH_END:
+            return self._updates(*_epoch_end_times(timestamp))
+        return True
+
+    def plan_key(self, timestamp: Timestamp, meta: BatchMeta | None = None) -> Hashable:
+        if self._in_batches and self._restarts(*_batch_end_times(timestamp)):
+            return _START
+        return ()
+
+    def _reached(self, timestamp: Timestamp) -> bool:
+        start = _schedule(self).start
+        if start.unit is TimeUnit.DURATION:
+            return timestamp.elapsed >= start.value
+        return timestamp.get(start.unit) >= start.value
+
+    def _restarts(self, now: Timestamp, previous: Timestamp | None) -> bool:
+        # The start test is monotone in time, so the average begins at the first update event that passes it.
+        return self._reached(now) and (previous is None or not self._reached(previous))
+
+    def _updates(self, now: Timestamp, previous: Timestamp | None) -> bool:
+        interval = _schedule(self).interval
+        due = now.get(interval.unit) % int(interval.value) == 0
+        return self._restarts(now, previous) or (due and self._reached(now))
+
+    def _restart(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+        return self._restarted(state), ctx
+
+    def _update_at_epoch_end(
+        self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
+    ) -> tuple[Static, State]:
+        restarts = self._restarts(*_epoch_end_times(timestamp))
+        return static, self._restarted(state) if restarts else self._averaged(state, self.update_smoothing)
+
+    def _averaged(self, state: State, smoothing: float) -> State:
+        entry = state.algos[self.name]
+        # One foreach call over parameters and buffers together: qualified names never collide across them.
+        average = ema_update(
+            {**entry["params"], **entry["buffers"]}, {**state.params, **state.buffers}, smoothing
+        )
+        new_entry = {
+            "params": {n: average[n] for n in entry["params"]},
+            "buffers": {n: average[n] for n in entry["buffers"]},
+            "started": entry["started"],
+        }
+        return state.replace(algos={**state.algos, self.name: new_entry})
+
+    def _restarted(self, state: State) -> State:
+        entry = state.algos[self.name]
+        new_entry = {
+            "params": _copies(state.params),
+            "buffers": _copies(state.buffers),
+            "started": torch.ones_like(entry["started"]),
+        }
+        return state.replace(algos={**state.algos, self.name: new_entry})
+
+    def _swap(
+        self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
+    ) -> tuple[Static, State]:
+        # Selecting with the start flag keeps the hook free of host reads of tensor values; before the
+        # average has started both selections return the training weights, and swapping twice is exact.
+        entry = state.algos[self.name]
+        started = entry["started"]
+        params = {n: torch.where(started, entry["params"][n], p) for n, p in state.params.items()}
+        buffers = {n: torch.where(started, entry["buffers"][n], b) for n, b in state.buffers.items()}
+        kept = {
+            "params": {n: torch.where(started, p, entry["params"][n]) for n, p in state.params.items()},
+            "buffers": {n: torch.where(started, b, entry["buffers"][n]) for n, b in state.buffers.items()},
+            "started": started,
+        }
+        return static, state.replace(params=params, buffers=buffers, algos={**state.algos, self.name: kept})
+
+
+def _batch_end_times(timestamp: Timestamp) -> tuple[Timestamp, Timestamp | None]:
+    """Returns Composer's ``BATCH_END`` timestamp of the step starting at ``timestamp``, and of the step before.
+
+    The traced step is planned from the timestamp before the batch; Composer decides at ``BATCH_END``, one batch
+    later. The previous batch ended in the previous epoch when this one opens an epoch.
+    """
+    now = timestamp.advance(0)
+    if timestamp.batch == 0:
+        return now, None
+    if timestamp.batch_in_epoch == 0 and timestamp.epoch > 0:
+        return now, dataclasses.replace(timestamp, epoch=timestamp.epoch - 1)
+    return now, timestamp
+
+
+def _epoch_end_times(timestamp: Timestamp) -> tuple[Timestamp, Timestamp | None]:
+    """Returns Composer's ``EPOCH_END`` timestamp (the epoch already counted) and that of the epoch before."""
+    now = timestamp.next_epoch()
+    if timestamp.epoch == 0:
+        return now, None
+    begun = timestamp.batch - timestamp.batch_in_epoch
+    return now, dataclasses.replace(timestamp, batch=begun, batch_in_epoch=0)
