@@ -334,3 +334,11 @@ def test_length_sets_the_box_sides_as_a_fraction_of_height_and_width() -> None:
     assert bool((rows <= 4).all() and (cols <= 8).all())
     inside = (params.bbox[:, 0] > 0) & (params.bbox[:, 2] < 10)
     assert bool((rows[inside] == 4).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.uint8])
+def test_a_batch_beyond_the_caches_is_pasted_like_a_small_one(dtype) -> None:
+    # 10.5 MB of float32 takes the one-pass select; uint8 at the same shape stays below the threshold.
+    x = _images(5, 5, 512, 512, dtype)
+    params = cutmix_params(R.key(5), 5, 512, 512, alpha=1.0, per_sample=True)
+    assert torch.equal(cutmix_apply(x, params), _reference_paste(x, params))
