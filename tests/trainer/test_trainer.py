@@ -263,3 +263,30 @@ def test_a_bad_or_vanishing_scale_schedule_ratio_is_refused(ratio) -> None:
             scale_schedule_ratio=ratio,
             progress_bar=False,
         )
+
+
+@pytest.mark.parametrize(
+    "algorithm_names",
+    [("sam",), ("ema",), ("gradient_clipping",), ("sam", "ema", "gradient_clipping", "label_smoothing")],
+    ids="+".join,
+)
+def test_resuming_with_optimization_side_algorithms_equals_the_uninterrupted_run(
+    tmp_path: Path, algorithm_names: tuple[str, ...]
+) -> None:
+    from composer_fn.algorithms import EMA, SAM, GradientClipping
+
+    made = {
+        "sam": lambda: SAM(rho=0.05, interval=2),
+        "ema": lambda: EMA(half_life="3ba"),
+        "gradient_clipping": lambda: GradientClipping("norm", 0.5),
+        "label_smoothing": lambda: LabelSmoothing(0.1),
+    }
+    algorithms = [made[name]() for name in algorithm_names]
+    uninterrupted = _trainer(SmallCNN(1, 10, width=4), algorithms, save_folder=tmp_path / "a", save_interval="9ba")
+    uninterrupted.fit()
+    resumed = _trainer(SmallCNN(1, 10, width=4), algorithms, load_path=tmp_path / "a" / "ep0-ba18.pt")
+    resumed.fit()
+    finished, spec = pytree.tree_flatten(uninterrupted.state)
+    again, spec_again = pytree.tree_flatten(resumed.state)
+    assert spec == spec_again
+    assert all(torch.equal(a, b) for a, b in zip(finished, again, strict=True))
