@@ -30,6 +30,7 @@ __all__ = [
     "GradientTransformation",
     "EmptyState",
     "MaskedState",
+    "empty_state",
     "identity",
     "chain",
     "named_chain",
@@ -100,18 +101,20 @@ def _check_transform(argument: str, transform: object) -> GradientTransformation
     return transform
 
 
+def empty_state(params: Params) -> EmptyState:
+    """Returns :class:`EmptyState`: the ``init`` of every transform that keeps no state."""
+    return EmptyState()
+
+
 def identity() -> GradientTransformation:
     """Returns a transform that passes updates through unchanged: ``u ← u``; its state is :class:`EmptyState`."""
-
-    def init(params: Params) -> EmptyState:
-        return EmptyState()
 
     def update(
         updates: Updates, state: OptState, params: Params | None = None
     ) -> tuple[dict[str, Tensor], EmptyState]:
         return dict(updates), EmptyState()
 
-    return GradientTransformation(init, update)
+    return GradientTransformation(empty_state, update)
 
 
 def chain(*transforms: GradientTransformation) -> GradientTransformation:

@@ -18,6 +18,7 @@ from composer_fn.optim.base import (
     Params,
     Updates,
     check_same_keys,
+    empty_state,
     require_params,
 )
 from composer_fn.optim.transforms import at_least_zero, real_number
@@ -43,9 +44,6 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
     """
     max_norm = _positive("max_norm", max_norm)
 
-    def init(params: Params) -> EmptyState:
-        return EmptyState()
-
     def update(
         updates: Updates, state: OptState, params: Params | None = None
     ) -> tuple[dict[str, Tensor], EmptyState]:
@@ -59,7 +57,7 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
             clipped = torch._foreach_mul(tensors, coefficient)
         return dict(zip(updates.keys(), clipped, strict=True)), EmptyState()
 
-    return GradientTransformation(init, update)
+    return GradientTransformation(empty_state, update)
 
 
 def clip_by_value(max_value: float) -> GradientTransformation:
@@ -68,9 +66,6 @@ def clip_by_value(max_value: float) -> GradientTransformation:
     ``u ← min(max(u, −max_value), max_value)``, as ``torch.nn.utils.clip_grad_value_``.
     """
     max_value = _positive("max_value", max_value)
-
-    def init(params: Params) -> EmptyState:
-        return EmptyState()
 
     def update(
         updates: Updates, state: OptState, params: Params | None = None
@@ -82,7 +77,7 @@ def clip_by_value(max_value: float) -> GradientTransformation:
             torch._foreach_clamp_max_(clipped, max_value)
         return dict(zip(updates.keys(), clipped, strict=True)), EmptyState()
 
-    return GradientTransformation(init, update)
+    return GradientTransformation(empty_state, update)
 
 
 def unitwise_norm(tensor: Tensor) -> Tensor:
@@ -113,9 +108,6 @@ def adaptive_clip(clipping_threshold: float, eps: float = 1e-3) -> GradientTrans
     clipping_threshold = _positive("clipping_threshold", clipping_threshold)
     eps = at_least_zero("eps", eps)
 
-    def init(params: Params) -> EmptyState:
-        return EmptyState()
-
     def update(
         updates: Updates, state: OptState, params: Params | None = None
     ) -> tuple[dict[str, Tensor], EmptyState]:
@@ -140,4 +132,4 @@ def adaptive_clip(clipping_threshold: float, eps: float = 1e-3) -> GradientTrans
             clipped = torch._foreach_mul(tensors, coefficients)
         return dict(zip(updates.keys(), clipped, strict=True)), EmptyState()
 
-    return GradientTransformation(init, update)
+    return GradientTransformation(empty_state, update)

@@ -22,6 +22,7 @@ from composer_fn.optim.base import (
     Params,
     Updates,
     check_same_keys,
+    empty_state,
     params_device,
     require_params,
     scalar_dtype,
@@ -119,9 +120,6 @@ def scale(factor: float) -> GradientTransformation:
     """Returns a transform that multiplies every update by a constant: ``u ← factor · u``."""
     factor = real_number("factor", factor)
 
-    def init(params: Params) -> EmptyState:
-        return EmptyState()
-
     def update(
         updates: Updates, state: OptState, params: Params | None = None
     ) -> tuple[dict[str, Tensor], EmptyState]:
@@ -131,7 +129,7 @@ def scale(factor: float) -> GradientTransformation:
             scaled = torch._foreach_mul(list(updates.values()), factor)
         return dict(zip(updates.keys(), scaled, strict=True)), EmptyState()
 
-    return GradientTransformation(init, update)
+    return GradientTransformation(empty_state, update)
 
 
 def _readable_on_host(tensor: Tensor) -> bool:
@@ -193,9 +191,6 @@ def add_decayed_weights(weight_decay: float) -> GradientTransformation:
     """
     weight_decay = real_number("weight_decay", weight_decay)
 
-    def init(params: Params) -> EmptyState:
-        return EmptyState()
-
     def update(
         updates: Updates, state: OptState, params: Params | None = None
     ) -> tuple[dict[str, Tensor], EmptyState]:
@@ -209,7 +204,7 @@ def add_decayed_weights(weight_decay: float) -> GradientTransformation:
             )
         return dict(zip(updates.keys(), decayed, strict=True)), EmptyState()
 
-    return GradientTransformation(init, update)
+    return GradientTransformation(empty_state, update)
 
 
 def trace(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> GradientTransformation:

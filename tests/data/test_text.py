@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
@@ -98,11 +97,8 @@ def test_training_batches_all_have_one_shape_and_eval_batches_cover_every_row(ta
     assert sum(inputs.shape[0] for inputs, _ in task.eval) == task.eval.dataset_size
 
 
-def test_the_corpus_is_cut_at_max_chars_and_built_quickly() -> None:
-    stdlib_text()
-    began = time.perf_counter()
+def test_the_corpus_is_cut_at_max_chars() -> None:
     task = load_stdlib_text_task(max_chars=MAX_CHARS)
-    assert time.perf_counter() - began < 1.0
     assert task.num_chars == min(MAX_CHARS, len(stdlib_text()))
     assert load_stdlib_text_task(max_chars=3_000).num_chars == 3_000
 
