@@ -1,7 +1,10 @@
 """Measures each algorithm's effect on the digits task: held-out accuracy and wall time, mean over seeds.
 
 Usage: python benchmarks/method_effect.py [--seeds 3] [--epochs 12] [--threads 2] [--only NAME,...] [--json PATH]
-    [--upsample 4] [--device cuda] [--precision bf16-mixed] [--compile]
+    [--upsample 4] [--device cuda] [--precision bf16-mixed] [--compile] [--algorithm CONFIG ...]
+``--algorithm`` adds a configuration given as an algorithm's JSON config (``Algorithm.to_config()``, e.g.
+``'{"algorithm": "blurpool", "hparams": {}}'``), compared with the baseline; with ``--algorithm`` and no
+``--only``, only the baseline and the given configurations run.
 Every configuration trains the same SmallCNN recipe (SGD, Nesterov momentum, cosine with one warm-up epoch)
 from the same seeds; only the algorithms differ, each with Composer's default hyperparameters except where
 CONFIGURATIONS gives others (EMA's half-life is 50 batches, a fifth of the run: Composer's 1000 exceeds it;
@@ -39,7 +42,7 @@ from composer_fn.algorithms import (
     RandAugment,
     SelectiveBackprop,
 )
-from composer_fn.core.algorithm import Algorithm
+from composer_fn.core.algorithm import Algorithm, algorithm_from_config
 from composer_fn.data import TensorLoader, load_digits_task
 from composer_fn.models import SmallCNN
 from composer_fn.trainer import Trainer
@@ -111,9 +114,12 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16-mixed"))
     parser.add_argument("--compile", action="store_true", help="compile each step with torch.compile (inductor)")
+    parser.add_argument("--algorithm", action="append", default=[], help="an algorithm's JSON config (repeatable)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    names = list(CONFIGURATIONS)
+    given = [algorithm_from_config(json.loads(config)) for config in args.algorithm]
+    CONFIGURATIONS.update({repr(algorithm): (algorithm,) for algorithm in given})
+    names = ["baseline", *(repr(a) for a in given)] if given and not args.only else list(CONFIGURATIONS)
     if args.only:
         chosen = [name.strip() for name in args.only.split(",")]
         unknown = [name for name in chosen if name not in CONFIGURATIONS]

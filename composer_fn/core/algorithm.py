@@ -12,6 +12,8 @@ An algorithm keeps no state on itself. Whatever it must carry between steps live
   resolves the traced hooks for it with ``traced_hooks_at(plan_key)``, so a hook can bind it as a Python value,
   and each distinct value compiles one step.
 - ``requires`` declares what the trainer must provide (e.g. ``"per_sample_loss"``), as data.
+- ``rewrites_model`` and ``surgery_targets(module)`` describe model surgery: which submodules a rewrite at INIT
+  replaces, so conflicting surgeries are refused before training, and checkpoints re-apply surgeries first.
 - ``modality`` says what batches the algorithm transforms (``"image"`` or ``"tokens"``), so the contract
   suite builds a matching set-up; ``input_range`` says what values it expects of floating-point inputs, so
   the trainer can refuse a batch it would silently mangle.
@@ -89,6 +91,9 @@ class Algorithm:
     input_range: ClassVar[tuple[float, float] | None] = None
     """The range floating-point inputs must lie in (``(0.0, 1.0)``: pixels before normalisation), or None."""
 
+    rewrites_model: ClassVar[bool] = False
+    """Whether it rewrites the model's structure (model surgery): a checkpoint re-applies it before loading."""
+
     @property
     def name(self) -> str:
         """Returns the key of this algorithm's entry in ``State.algos`` and in traces."""
@@ -130,6 +135,13 @@ class Algorithm:
     def traced_hooks_at(self, plan_key: Hashable) -> Mapping[Event, Hook]:
         """Returns the traced hooks specialised to ``plan_key`` (the value ``plan_key()`` returned)."""
         return self.traced_hooks()
+
+    def surgery_targets(self, module: Any) -> frozenset[str]:
+        """Returns the qualified names of the submodules of ``module`` this algorithm replaces (model surgery).
+
+        Two algorithms that claim the same submodule are refused when the trainer is built.
+        """
+        return frozenset()
 
     def init(self, static: Static, state: State) -> Any:
         """Returns the initial entry of ``State.algos[self.name]`` (None when the algorithm needs none)."""

@@ -23,6 +23,7 @@ __all__ = [
     "Plan",
     "Trace",
     "make_plan",
+    "check_surgery_conflicts",
     "run_event",
     "run_host_event",
     "dry_run",
@@ -106,6 +107,26 @@ def _check_names(algorithms: tuple[Algorithm, ...]) -> None:
                 "State.algos is keyed by name, so each algorithm may appear once"
             )
         seen[algorithm.name] = algorithm
+
+
+def check_surgery_conflicts(algorithms: Sequence[Algorithm], module: Any) -> None:
+    """Raises ``ValueError`` when two algorithms claim the same submodule of ``module`` for surgery."""
+    claimed: dict[str, str] = {}
+    for algorithm in algorithms:
+        for target in sorted(algorithm.surgery_targets(module)):
+            owner = claimed.get(target)
+            if owner is None:
+                owner = next((claimed[t] for t in claimed if _nested(t, target) or _nested(target, t)), None)
+            if owner is not None and owner != algorithm.name:
+                raise ValueError(
+                    f"algorithms {owner!r} and {algorithm.name!r} both rewrite submodule {target!r}; "
+                    "keep one of them, or restrict one to other modules"
+                )
+            claimed[target] = algorithm.name
+
+
+def _nested(outer: str, inner: str) -> bool:
+    return outer == "" or inner.startswith(outer + ".")
 
 
 def make_plan(

@@ -21,7 +21,7 @@ from torch import Tensor
 from composer_fn.core.state import State
 from composer_fn.core.time import Timestamp
 
-__all__ = ["save_checkpoint", "load_checkpoint", "Checkpoint", "FORMAT_VERSION"]
+__all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_algorithms", "Checkpoint", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 
@@ -102,6 +102,23 @@ def _unflatten(kind: str, leaves: list[Any], template: Any) -> Any:
     return pytree.tree_unflatten(leaves, spec)
 
 
+def _read(path: str | os.PathLike[str], device: torch.device | str | None) -> dict[str, Any]:
+    source = Path(path)
+    if not source.is_file():
+        raise FileNotFoundError(f"load_path={str(path)!r} is not a checkpoint file")
+    payload = torch.load(source, map_location=device, weights_only=True)
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise ValueError(f"{str(path)!r} is not a composer_fn checkpoint of format {FORMAT_VERSION} (found {found!r})")
+    return payload
+
+
+def checkpoint_algorithms(path: str | os.PathLike[str]) -> str:
+    """Returns the JSON configs of the algorithms the checkpoint at ``path`` was trained with."""
+    algorithms: str = _read(path, "cpu")["algorithms"]
+    return algorithms
+
+
 def load_checkpoint(
     path: str | os.PathLike[str],
     template: State,
@@ -114,13 +131,7 @@ def load_checkpoint(
     The file is read with ``torch.load(weights_only=True)``: it can hold tensors and plain values only.
     With ``algorithms`` (JSON configs), a checkpoint trained with other algorithms is refused first.
     """
-    source = Path(path)
-    if not source.is_file():
-        raise FileNotFoundError(f"load_path={str(path)!r} is not a checkpoint file")
-    payload = torch.load(source, map_location=device, weights_only=True)
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
-        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise ValueError(f"{str(path)!r} is not a composer_fn checkpoint of format {FORMAT_VERSION} (found {found!r})")
+    payload = _read(path, device)
     if algorithms is not None and payload["algorithms"] != algorithms:
         raise ValueError(
             f"load_path={str(path)!r} was trained with algorithms {payload['algorithms']}; "

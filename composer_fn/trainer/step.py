@@ -34,6 +34,7 @@ from composer_fn.core import random as R
 from composer_fn.core.engine import Plan, run_event
 from composer_fn.core.event import Event
 from composer_fn.core.state import GradientFn, LossFn, State, Static, StepCtx, batch_get
+from composer_fn.models.keyed import forward_key_names, forward_keys
 from composer_fn.optim.base import GradientTransformation, apply_updates
 
 __all__ = [
@@ -142,14 +143,17 @@ def _forward(
     buffers: Mapping[str, Tensor],
     input: Tensor,
     slots: ModuleSlots | None,
+    keys: Mapping[str, Tensor] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     # The forward writes BatchNorm statistics into the buffers it is given: hand it copies and return them.
+    # Random layers read this forward's keys; the returned buffers keep the stored ones.
     new_buffers = {name: b.clone() for name, b in buffers.items()}
+    given = {**new_buffers, **keys} if keys else new_buffers
     with precision_context(static):
         if slots is None:
-            outputs = functional_call(static.module, (dict(params), new_buffers), (input,))
+            outputs = functional_call(static.module, (dict(params), given), (input,))
         else:
-            outputs = slots({**params, **new_buffers}, input)
+            outputs = slots({**params, **given}, input)
     return outputs, new_buffers
 
 
@@ -175,12 +179,14 @@ def make_train_step(
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"grad_mode={grad_mode!r} must be one of {', '.join(GRAD_MODES)}")
     slots = ModuleSlots(static.module) if grad_mode == "autograd" else None
+    key_names = forward_key_names(static.module)
 
     def loss_and_aux(
         params: Mapping[str, Tensor], state: State, ctx: StepCtx
     ) -> tuple[Tensor, tuple[State, StepCtx]]:
         state, ctx = run_event(Event.BEFORE_FORWARD, plan, state, ctx)
-        outputs, buffers = _forward(static, params, state.buffers, batch_get(ctx.batch, input_key), slots)
+        keys = forward_keys(key_names, ctx.key) if key_names else None
+        outputs, buffers = _forward(static, params, state.buffers, batch_get(ctx.batch, input_key), slots, keys)
         state, ctx = state.replace(buffers=buffers), ctx.replace(outputs=outputs)
         state, ctx = run_event(Event.AFTER_FORWARD, plan, state, ctx)
         state, ctx = run_event(Event.BEFORE_LOSS, plan, state, ctx)
@@ -192,7 +198,7 @@ def make_train_step(
         return ctx.loss, (state, ctx)
 
     differentiate = grad_and_value(loss_and_aux, has_aux=True)
-    keyed = bool(plan.hooks)
+    keyed = bool(plan.hooks) or bool(key_names)
     losses_per_sample = per_sample_loss_fn if per_sample_loss_fn is not None else per_sample_loss(loss_fn)
 
     def forward(params: Mapping[str, Tensor], buffers: Mapping[str, Tensor], input: Any) -> tuple[Any, dict[str, Tensor]]:
@@ -246,7 +252,8 @@ def make_train_step(
     def plain_step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
         # The same step for a plan without traced hooks, minus ten empty folds and the records between them.
         leaves = {name: p.detach().requires_grad_() for name, p in state.params.items()}
-        outputs, buffers = _forward(static, leaves, state.buffers, batch_get(batch, input_key), slots)
+        keys = forward_keys(key_names, _step_key(state, True)) if key_names else None
+        outputs, buffers = _forward(static, leaves, state.buffers, batch_get(batch, input_key), slots, keys)
         with precision_context(static):
             loss = loss_fn(outputs, batch)
         grads = dict(zip(leaves, torch.autograd.grad(loss, tuple(leaves.values())), strict=True))

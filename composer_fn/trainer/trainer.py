@@ -25,8 +25,8 @@ from tqdm import tqdm
 
 from composer_fn.callbacks.base import Callback, RunView, bind_callbacks
 from composer_fn.core import random as R
-from composer_fn.core.algorithm import REQUIREMENTS, Algorithm, algorithms_to_json
-from composer_fn.core.engine import Plan, make_plan, run_host_event
+from composer_fn.core.algorithm import REQUIREMENTS, Algorithm, algorithms_from_json, algorithms_to_json
+from composer_fn.core.engine import Plan, check_surgery_conflicts, make_plan, run_host_event
 from composer_fn.core.event import Event
 from composer_fn.core.passes import DEFAULT_PASSES, Pass
 from composer_fn.core.state import PRECISIONS, BatchMeta, LossFn, Precision, State, Static, batch_get
@@ -36,7 +36,7 @@ from composer_fn.optim.base import GradientTransformation, chain
 from composer_fn.optim.optimizers import sgdw
 from composer_fn.optim.schedules import ConstantScheduler
 from composer_fn.optim.transforms import scale_by_schedule
-from composer_fn.trainer.checkpoint import load_checkpoint, save_checkpoint
+from composer_fn.trainer.checkpoint import checkpoint_algorithms, load_checkpoint, save_checkpoint
 from composer_fn.trainer.step import (
     GradMode,
     StepFn,
@@ -105,7 +105,8 @@ class Trainer:
         callbacks, loggers: observers and metric destinations.
         save_folder: where checkpoints go (``ep{epoch}-ba{batch}.pt`` and ``latest.pt``); None saves nothing.
         save_interval: how often to checkpoint when ``save_folder`` is set.
-        load_path: a checkpoint to resume from.
+        load_path: a checkpoint to resume from. Surgery algorithms (``rewrites_model``) the checkpoint records
+            but the trainer was not given are re-applied, in the recorded order, before its tensors load.
         loss_fn: ``loss_fn(outputs, batch)``; default cross-entropy against ``batch[target_key]``.
         per_sample_loss_fn: ``fn(outputs, batch) -> [B]`` for algorithms that need per-sample losses; default
             per-sample cross-entropy with the default loss, else ``loss_fn`` vectorized over samples (vmap).
@@ -150,6 +151,8 @@ class Trainer:
         if not hasattr(train_dataloader, "__len__"):
             raise TypeError("train_dataloader must have a length (batches per epoch) to schedule epochs")
         self.algorithms = tuple(algorithms)
+        if load_path is not None:
+            self.algorithms = _with_recorded_surgeries(self.algorithms, load_path)
         for algorithm in self.algorithms:
             missing = algorithm.requires - SUPPORTED_REQUIREMENTS
             if missing:
@@ -220,6 +223,7 @@ class Trainer:
             self.tx = chain(optimizer, scale_by_schedule(self.lr_multiplier, host_evaluable=True))
 
         target_device = torch.device(device) if device is not None else _default_device()
+        check_surgery_conflicts(self.algorithms, model)
         structure = copy.deepcopy(model).to(target_device).train()
         self.static = Static(module=structure, precision=precision, device=target_device, seed=seed)
         params = {n: p.detach().clone() for n, p in structure.named_parameters()}
@@ -538,6 +542,16 @@ class Trainer:
     def save_checkpoint(self, path: str | Path) -> Path:
         """Returns the path written: the current state and timestamp, saved atomically."""
         return save_checkpoint(path, self.state, self.timestamp, algorithms_to_json(self.algorithms))
+
+
+def _with_recorded_surgeries(given: tuple[Algorithm, ...], load_path: str | Path) -> tuple[Algorithm, ...]:
+    # A checkpoint of a surgered model holds the rewritten structure's tensors: a trainer given only the
+    # plain model re-applies the recorded surgeries (at INIT, before loading) so the tensors fit.
+    recorded = algorithms_from_json(checkpoint_algorithms(load_path))
+    missing = [a for a in recorded if a not in given]
+    if missing and all(a.rewrites_model for a in missing) and all(a in recorded for a in given):
+        return recorded
+    return given
 
 
 def _default_device() -> torch.device:

@@ -1,0 +1,35 @@
+"""Random layers under a functional step: each forward receives a fresh key in a buffer named ``forward_key``.
+
+A module that draws random numbers in its forward (stochastic depth, dropout variants) registers a
+``forward_key`` buffer with ``register_forward_key``. The training step replaces every such buffer, for one
+forward, by ``fold_in(step_key, name_to_int(qualified_name))``: each layer draws its own bits, the draws
+change every step, and the same state and batch give the same draws (a SAM second pass included). The
+stored buffer keeps its initial value; outside a training step (evaluation, a plain call) the layer sees
+that value, and layers whose draws matter only in training mode ignore it.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from composer_fn.core import random as R
+
+__all__ = ["FORWARD_KEY", "register_forward_key", "forward_key_names", "forward_keys"]
+
+FORWARD_KEY = "forward_key"
+"""The buffer name the training step fills with a per-step, per-layer key."""
+
+
+def register_forward_key(module: nn.Module) -> None:
+    """Registers ``module.forward_key``, a non-persistent key buffer the training step fills each forward."""
+    module.register_buffer(FORWARD_KEY, R.key(0), persistent=False)
+
+
+def forward_key_names(module: nn.Module) -> tuple[str, ...]:
+    """Returns the qualified names of ``module``'s ``forward_key`` buffers."""
+    return tuple(name for name, _ in module.named_buffers() if name.rpartition(".")[2] == FORWARD_KEY)
+
+
+def forward_keys(names: tuple[str, ...], step_key: Tensor) -> dict[str, Tensor]:
+    """Returns the key each named ``forward_key`` buffer holds for one forward under ``step_key``."""
+    return {name: R.fold_in(step_key, R.name_to_int(name)) for name in names}
