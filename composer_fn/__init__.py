@@ -8,6 +8,7 @@ from composer_fn import functional, optim
 from composer_fn.algorithms import (
     EMA,
     SAM,
+    SWA,
     AugMix,
     ChannelsLast,
     ColOut,
@@ -46,6 +47,7 @@ __all__ = [
     "SAM",
     "SelectiveBackprop",
     "SeqLengthWarmup",
+    "SWA",
     "State",
     "Static",
     "StepCtx",

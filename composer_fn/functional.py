@@ -45,6 +45,7 @@ from composer_fn.algorithms.selective_backprop import (
     should_selective_backprop,
 )
 from composer_fn.algorithms.seq_length_warmup import set_batch_sequence_length, warmup_sequence_length
+from composer_fn.algorithms.swa import recompute_batchnorm, swa_update
 
 __all__ = [
     "AugMixParams",
@@ -65,6 +66,8 @@ __all__ = [
     "colout_batch",
     "colout_params",
     "compute_ema",
+    "recompute_batchnorm",
+    "swa_update",
     "crop_apply",
     "crop_params",
     "cutmix_apply",

@@ -14,6 +14,7 @@ from composer_fn.algorithms.randaugment import RandAugment
 from composer_fn.algorithms.sam import SAM
 from composer_fn.algorithms.selective_backprop import SelectiveBackprop
 from composer_fn.algorithms.seq_length_warmup import SeqLengthWarmup
+from composer_fn.algorithms.swa import SWA
 
 __all__ = [
     "AugMix",
@@ -30,4 +31,5 @@ __all__ = [
     "SAM",
     "SelectiveBackprop",
     "SeqLengthWarmup",
+    "SWA",
 ]

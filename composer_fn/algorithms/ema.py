@@ -17,7 +17,6 @@ The average lives in ``State.algos["ema"]`` next to the training weights, never 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from collections.abc import Hashable, Mapping
@@ -27,6 +26,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from composer_fn.algorithms._timing import batch_end_times, epoch_end_times, parse_time
 from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx
@@ -89,24 +89,13 @@ def compute_ema(
     return {n: updated.get(n, tensor) for n, tensor in ema_model.items()}
 
 
-def _time(value: str, argument: str, units: tuple[TimeUnit, ...], example: str) -> Time:
-    accepted = ", ".join(u.value for u in units)
-    try:
-        parsed = Time.from_timestring(value) if isinstance(value, str) else None
-    except (ValueError, TypeError):
-        parsed = None
-    if parsed is None or parsed.unit not in units:
-        raise ValueError(f"{argument}={value!r} must be a time string in {accepted}, e.g. {example!r}")
-    return parsed
-
-
 def ema_smoothing(half_life: str, update_interval: str | None = None) -> float:
     """Returns Composer's smoothing for a half-life: ``2 ** (-update_interval / half_life)``.
 
     ``update_interval`` defaults to one unit of ``half_life`` (``'1ba'`` for ``'1000ba'``), which gives
     ``exp(-ln 2 / half_life)``; a longer interval gives that per-unit smoothing raised to its length.
     """
-    life = _time(half_life, "half_life", _INTERVAL_UNITS, "1000ba")
+    life = parse_time(half_life, "half_life", _INTERVAL_UNITS, "1000ba")
     if life.value <= 0:
         raise ValueError(f"half_life={half_life!r} must be positive, e.g. '1000ba'")
     interval = Time(1, life.unit) if update_interval is None else _interval(update_interval)
@@ -119,7 +108,7 @@ def ema_smoothing(half_life: str, update_interval: str | None = None) -> float:
 
 
 def _interval(update_interval: str) -> Time:
-    interval = _time(update_interval, "update_interval", _INTERVAL_UNITS, "1ba")
+    interval = parse_time(update_interval, "update_interval", _INTERVAL_UNITS, "1ba")
     if not (interval.value > 0 and float(interval.value).is_integer()):
         raise ValueError(
             f"update_interval={update_interval!r} must be a positive whole number of ba or ep, e.g. '1ba'"
@@ -141,11 +130,11 @@ def _schedule(algorithm: EMA) -> _Schedule:
             f"smoothing={algorithm.smoothing!r}: give half_life as a time string such as '1000ba', or smoothing "
             "in [0, 1] with half_life=None"
         )
-    start = _time(algorithm.ema_start, "ema_start", _START_UNITS, "0.0dur")
+    start = parse_time(algorithm.ema_start, "ema_start", _START_UNITS, "0.0dur")
     if start.value < 0:
         raise ValueError(f"ema_start={algorithm.ema_start!r} must not be negative, e.g. '0.0dur' or '100ba'")
     if algorithm.half_life is not None:
-        life = _time(algorithm.half_life, "half_life", _INTERVAL_UNITS, "1000ba")
+        life = parse_time(algorithm.half_life, "half_life", _INTERVAL_UNITS, "1000ba")
         interval = (
             Time(1, life.unit) if algorithm.update_interval is None else _interval(algorithm.update_interval)
         )
@@ -227,13 +216,13 @@ class EMA(Algorithm):
 
     def match(self, event: Event, timestamp: Timestamp) -> bool:
         if event is Event.AFTER_OPTIMIZER_STEP:
-            return self._updates(*_batch_end_times(timestamp))
+            return self._updates(*batch_end_times(timestamp))
         if event is Event.EPOCH_END:
-            return self._updates(*_epoch_end_times(timestamp))
+            return self._updates(*epoch_end_times(timestamp))
         return True
 
     def plan_key(self, timestamp: Timestamp, meta: BatchMeta | None = None) -> Hashable:
-        if self._in_batches and self._restarts(*_batch_end_times(timestamp)):
+        if self._in_batches and self._restarts(*batch_end_times(timestamp)):
             return _START
         return ()
 
@@ -258,7 +247,7 @@ class EMA(Algorithm):
     def _update_at_epoch_end(
         self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
     ) -> tuple[Static, State]:
-        restarts = self._restarts(*_epoch_end_times(timestamp))
+        restarts = self._restarts(*epoch_end_times(timestamp))
         return static, self._restarted(state) if restarts else self._averaged(state, self.update_smoothing)
 
     def _averaged(self, state: State, smoothing: float) -> State:
@@ -298,26 +287,3 @@ class EMA(Algorithm):
             "started": started,
         }
         return static, state.replace(params=params, buffers=buffers, algos={**state.algos, self.name: kept})
-
-
-def _batch_end_times(timestamp: Timestamp) -> tuple[Timestamp, Timestamp | None]:
-    """Returns Composer's ``BATCH_END`` timestamp of the step starting at ``timestamp``, and of the step before.
-
-    The traced step is planned from the timestamp before the batch; Composer decides at ``BATCH_END``, one batch
-    later. The previous batch ended in the previous epoch when this one opens an epoch.
-    """
-    now = timestamp.advance(0)
-    if timestamp.batch == 0:
-        return now, None
-    if timestamp.batch_in_epoch == 0 and timestamp.epoch > 0:
-        return now, dataclasses.replace(timestamp, epoch=timestamp.epoch - 1)
-    return now, timestamp
-
-
-def _epoch_end_times(timestamp: Timestamp) -> tuple[Timestamp, Timestamp | None]:
-    """Returns Composer's ``EPOCH_END`` timestamp (the epoch already counted) and that of the epoch before."""
-    now = timestamp.next_epoch()
-    if timestamp.epoch == 0:
-        return now, None
-    begun = timestamp.batch - timestamp.batch_in_epoch
-    return now, dataclasses.replace(timestamp, batch=begun, batch_in_epoch=0)

@@ -48,7 +48,7 @@ __all__ = [
 Hook = Callable[[State, StepCtx], tuple[State, StepCtx]]
 HostHook = Callable[[Static, State, Timestamp, BatchMeta | None], tuple[Static, State]]
 
-REQUIREMENTS: frozenset[str] = frozenset({"per_sample_loss", "extra_forward", "loss_closure"})
+REQUIREMENTS: frozenset[str] = frozenset({"per_sample_loss", "extra_forward", "loss_closure", "train_data"})
 """What an algorithm may ask of the trainer in ``requires``."""
 
 MODALITIES: tuple[str, ...] = ("image", "tokens")
@@ -93,6 +93,15 @@ class Algorithm:
 
     rewrites_model: ClassVar[bool] = False
     """Whether it rewrites the model's structure (model surgery): a checkpoint re-applies it before loading."""
+
+    @classmethod
+    def for_checks(cls) -> Algorithm:
+        """Returns an instance whose hooks all act within a three-batch run, for the contract suite.
+
+        The defaults where they do (most algorithms); an algorithm whose defaults wait for a later time, or
+        need larger layers than the suite's small models, returns hyperparameters that make it act.
+        """
+        return cls()
 
     @property
     def name(self) -> str:
@@ -142,6 +151,14 @@ class Algorithm:
         Two algorithms that claim the same submodule are refused when the trainer is built.
         """
         return frozenset()
+
+    def lr_multiplier(self, schedule: Any, *, steps_per_epoch: int, max_steps: int) -> Any:
+        """Returns the learning-rate multiplier to train with, given the run's (a function of the step count).
+
+        The trainer folds every algorithm's ``lr_multiplier`` over its schedule once, when it is built; most
+        algorithms return ``schedule`` itself.
+        """
+        return schedule
 
     def init(self, static: Static, state: State) -> Any:
         """Returns the initial entry of ``State.algos[self.name]`` (None when the algorithm needs none)."""

@@ -8,7 +8,7 @@ construction: ``replace`` returns a new record, and the dictionaries they hold a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -244,6 +244,9 @@ class Static:
     precision: Precision = "fp32"
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     seed: int = 0
+    train_inputs: Callable[[], Iterator[Any]] | None = field(default=None, compare=False)
+    """For algorithms that require ``"train_data"``: a new iterator over the training inputs (the batches'
+    input items, on ``device``) each call, without the run's transforms; None otherwise."""
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

@@ -129,7 +129,9 @@ def make_setup(
         )
         loss_fn = cross_entropy_loss()
     root = seed if key_seed is None else key_seed
-    static = Static(module=model, seed=root)
+    inputs = tuple(batch[0] for batch in batches)
+    wants_data = any("train_data" in a.requires for a in algorithms)
+    static = Static(module=model, seed=root, train_inputs=(lambda: iter(inputs)) if wants_data else None)
     state = State(
         params=dict(init),
         buffers={n: b.detach().clone() for n, b in model.named_buffers()},

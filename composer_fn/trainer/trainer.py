@@ -49,7 +49,9 @@ from composer_fn.trainer.step import (
 
 __all__ = ["Trainer"]
 
-SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset({"per_sample_loss", "extra_forward", "loss_closure"})
+SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset(
+    {"per_sample_loss", "extra_forward", "loss_closure", "train_data"}
+)
 """What this trainer can provide to algorithms (see ``Algorithm.requires``)."""
 
 
@@ -212,20 +214,34 @@ class Trainer:
             optimizer = sgdw(0.1)
         if schedule is None:
             # No schedule: the optimizer's own learning rate throughout, and no per-step multiplication.
-            self.lr_multiplier = ConstantScheduler().resolve(steps_per_epoch=self.steps_per_epoch, max_steps=1)
-            self.tx = optimizer
+            base = ConstantScheduler().resolve(steps_per_epoch=self.steps_per_epoch, max_steps=1)
         else:
-            self.lr_multiplier = schedule.resolve(
+            base = schedule.resolve(
                 steps_per_epoch=self.steps_per_epoch,
                 max_steps=self.max_steps,
                 scale_schedule_ratio=self.scale_schedule_ratio,
             )
+        self.lr_multiplier = base
+        for algorithm in self.algorithms:
+            self.lr_multiplier = algorithm.lr_multiplier(
+                self.lr_multiplier, steps_per_epoch=self.steps_per_epoch, max_steps=self.max_steps
+            )
+        if schedule is None and self.lr_multiplier is base:
+            self.tx = optimizer
+        else:
             self.tx = chain(optimizer, scale_by_schedule(self.lr_multiplier, host_evaluable=True))
 
         target_device = torch.device(device) if device is not None else _default_device()
         check_surgery_conflicts(self.algorithms, model)
         structure = copy.deepcopy(model).to(target_device).train()
-        self.static = Static(module=structure, precision=precision, device=target_device, seed=seed)
+        wants_data = any("train_data" in a.requires for a in self.algorithms)
+        self.static = Static(
+            module=structure,
+            precision=precision,
+            device=target_device,
+            seed=seed,
+            train_inputs=self._train_inputs if wants_data else None,
+        )
         params = {n: p.detach().clone() for n, p in structure.named_parameters()}
         buffers = {n: b.detach().clone() for n, b in structure.named_buffers()}
         state = State(
@@ -337,6 +353,11 @@ class Trainer:
             return batch
         device = self.static.device
         return pytree.tree_map(lambda t: t.to(device, non_blocking=True) if isinstance(t, Tensor) else t, batch)
+
+    def _train_inputs(self) -> Iterator[Any]:
+        # A separate pass over the loader as it stands (this epoch's order), for algorithms that require it.
+        for batch in self.train_dataloader:
+            yield batch_get(self._to_device(batch), self.input_key)
 
     def _batches(self) -> Iterator[Any]:
         loader: Any = self.train_dataloader
