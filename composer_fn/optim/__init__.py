@@ -15,6 +15,7 @@ from composer_fn.optim.base import (
     named_chain,
 )
 from composer_fn.optim.clipping import adaptive_clip, clip_by_global_norm, clip_by_value
+from composer_fn.optim.fused import fused_step
 from composer_fn.optim.optimizers import adam, adamw, decoupled_adamw, sgd, sgdw
 from composer_fn.optim.schedules import (
     ConstantScheduler,
@@ -41,6 +42,7 @@ from composer_fn.optim.transforms import (
     scale,
     scale_by_adam,
     scale_by_schedule,
+    scheduled,
     trace,
 )
 
@@ -58,6 +60,8 @@ __all__ = [
     "identity",
     "chain",
     "named_chain",
+    "scheduled",
+    "fused_step",
     "masked",
     "scale",
     "scale_by_schedule",

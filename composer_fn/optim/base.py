@@ -27,6 +27,7 @@ __all__ = [
     "OptState",
     "InitFn",
     "UpdateFn",
+    "FusedFn",
     "GradientTransformation",
     "EmptyState",
     "MaskedState",
@@ -50,6 +51,8 @@ OptState = Any
 
 InitFn = Callable[[Params], OptState]
 UpdateFn = Callable[[Updates, OptState, "Params | None"], tuple[dict[str, Tensor], OptState]]
+FusedFn = Callable[[Params, Updates, OptState, float], OptState]
+"""``fused(params, grads, state, scale) -> state``: one whole step written into ``params`` and ``state`` in place."""
 
 
 class GradientTransformation(NamedTuple):
@@ -61,6 +64,10 @@ class GradientTransformation(NamedTuple):
 
     init: InitFn
     update: UpdateFn
+    fused: FusedFn | None = None
+    """An optional in-place form of ``update`` then ``apply_updates`` for callers that own (donate) their
+    parameters and state, with the learning rate times ``scale`` (see ``composer_fn.optim.fused``). It must
+    compute what ``update`` computes, to rounding."""
 
 
 class EmptyState(NamedTuple):

@@ -1,7 +1,8 @@
 """Optimizers as chains of gradient transformations, numerically equal to their torch and Composer twins.
 
 Every optimizer returns a :class:`~composer_fn.optim.base.GradientTransformation` whose updates are *added*
-to the parameters (they include the minus sign and the learning rate). Its state is a ``dict`` keyed by what
+to the parameters (they include the minus sign and the learning rate), and whose ``fused`` field performs the
+same step in place, with torch's arithmetic, for callers that donate their tensors (the eager trainer). Its state is a ``dict`` keyed by what
 each piece is (``"momentum"``, ``"adam"``, …), and its structure depends only on which features are on, so
 a schedule is composed by chaining ``scale_by_schedule`` after it::
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from composer_fn.optim.base import GradientTransformation, identity, named_chain
+from composer_fn.optim.fused import adam_in_place, sgd_in_place
 from composer_fn.optim.transforms import (
     add_decayed_weights,
     at_least_zero,
@@ -58,11 +60,15 @@ def sgd(
     """
     learning_rate = at_least_zero("learning_rate", learning_rate)
     weight_decay = at_least_zero("weight_decay", weight_decay)
-    return named_chain(
+    chained = named_chain(
         ("weight_decay", add_decayed_weights(weight_decay)),
         ("momentum", _momentum(momentum, dampening, nesterov)),
         ("learning_rate", scale(-learning_rate)),
     )
+    fused = sgd_in_place(
+        learning_rate, momentum, dampening, nesterov, weight_decay, decoupled=False, momentum_key="momentum"
+    )
+    return chained._replace(fused=fused)
 
 
 def sgdw(
@@ -84,12 +90,16 @@ def sgdw(
     """
     learning_rate = at_least_zero("learning_rate", learning_rate)
     weight_decay = at_least_zero("weight_decay", weight_decay)
-    return named_chain(
+    chained = named_chain(
         ("momentum", _momentum(momentum, dampening, nesterov)),
         ("learning_rate", scale(-learning_rate)),
         # The update already carries the descent sign, so the decay enters negated.
         ("weight_decay", add_decayed_weights(-weight_decay)),
     )
+    fused = sgd_in_place(
+        learning_rate, momentum, dampening, nesterov, weight_decay, decoupled=True, momentum_key="momentum"
+    )
+    return chained._replace(fused=fused)
 
 
 def adam(
@@ -111,11 +121,13 @@ def adam(
     learning_rate = at_least_zero("learning_rate", learning_rate)
     weight_decay = at_least_zero("weight_decay", weight_decay)
     b1, b2 = _betas(betas)
-    return named_chain(
+    eps = at_least_zero("eps", eps)
+    chained = named_chain(
         ("weight_decay", add_decayed_weights(weight_decay)),
-        ("adam", scale_by_adam(b1, b2, at_least_zero("eps", eps))),
+        ("adam", scale_by_adam(b1, b2, eps)),
         ("learning_rate", scale(-learning_rate)),
     )
+    return chained._replace(fused=adam_in_place(learning_rate, b1, b2, eps, weight_decay, decay="coupled"))
 
 
 def adamw(
@@ -135,11 +147,13 @@ def adamw(
     learning_rate = at_least_zero("learning_rate", learning_rate)
     weight_decay = at_least_zero("weight_decay", weight_decay)
     b1, b2 = _betas(betas)
-    return named_chain(
-        ("adam", scale_by_adam(b1, b2, at_least_zero("eps", eps))),
+    eps = at_least_zero("eps", eps)
+    chained = named_chain(
+        ("adam", scale_by_adam(b1, b2, eps)),
         ("weight_decay", add_decayed_weights(weight_decay)),
         ("learning_rate", scale(-learning_rate)),
     )
+    return chained._replace(fused=adam_in_place(learning_rate, b1, b2, eps, weight_decay, decay="lr"))
 
 
 def decoupled_adamw(
@@ -161,9 +175,11 @@ def decoupled_adamw(
     learning_rate = at_least_zero("learning_rate", learning_rate)
     weight_decay = at_least_zero("weight_decay", weight_decay)
     b1, b2 = _betas(betas)
-    return named_chain(
-        ("adam", scale_by_adam(b1, b2, at_least_zero("eps", eps))),
+    eps = at_least_zero("eps", eps)
+    chained = named_chain(
+        ("adam", scale_by_adam(b1, b2, eps)),
         ("learning_rate", scale(-learning_rate)),
         # The update already carries the descent sign, so the decay enters negated.
         ("weight_decay", add_decayed_weights(-weight_decay)),
     )
+    return chained._replace(fused=adam_in_place(learning_rate, b1, b2, eps, weight_decay, decay="decoupled"))

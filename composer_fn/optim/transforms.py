@@ -21,12 +21,14 @@ from composer_fn.optim.base import (
     OptState,
     Params,
     Updates,
+    chain,
     check_same_keys,
     empty_state,
     params_device,
     require_params,
     scalar_dtype,
 )
+from composer_fn.optim.fused import scheduled_fused
 
 __all__ = [
     "ScheduleMultiplier",
@@ -35,6 +37,7 @@ __all__ = [
     "ScaleByAdamState",
     "scale",
     "scale_by_schedule",
+    "scheduled",
     "add_decayed_weights",
     "trace",
     "scale_by_adam",
@@ -180,6 +183,18 @@ def scale_by_schedule(schedule: ScheduleMultiplier, *, host_evaluable: bool = Fa
         return dict(zip(updates.keys(), scaled, strict=True)), ScaleByScheduleState(count=count)
 
     return GradientTransformation(init, update)
+
+
+def scheduled(optimizer: GradientTransformation, schedule: ScheduleMultiplier) -> GradientTransformation:
+    """Returns ``chain(optimizer, scale_by_schedule(schedule, host_evaluable=True))``, with an in-place step.
+
+    When ``optimizer`` has a ``fused`` step, so does the result: the learning rate times ``schedule(count)``
+    (torch's ``LambdaLR`` arithmetic). The state is the chain's.
+    """
+    chained = chain(optimizer, scale_by_schedule(schedule, host_evaluable=True))
+    if optimizer.fused is None:
+        return chained
+    return chained._replace(fused=scheduled_fused(optimizer.fused, schedule))
 
 
 def add_decayed_weights(weight_decay: float) -> GradientTransformation:

@@ -35,7 +35,8 @@ from composer_fn.core.engine import Plan, run_event
 from composer_fn.core.event import Event
 from composer_fn.core.state import GradientFn, LossFn, State, Static, StepCtx, batch_get
 from composer_fn.models.keyed import forward_key_names, forward_keys
-from composer_fn.optim.base import GradientTransformation, apply_updates
+from composer_fn.optim.base import GradientTransformation, OptState, apply_updates
+from composer_fn.optim.fused import fusable, fused_step
 
 __all__ = [
     "compile_step",
@@ -166,6 +167,7 @@ def make_train_step(
     input_key: int | str = 0,
     grad_mode: GradMode = "autograd",
     per_sample_loss_fn: LossFn | None = None,
+    donate: bool = False,
 ) -> StepFn:
     """Returns the training step: the plan's traced events around a functional gradient and ``tx``'s update.
 
@@ -175,6 +177,10 @@ def make_train_step(
     Hooks find the model as a pure function in ``ctx.forward``, per-sample losses in
     ``ctx.per_sample_loss_fn`` (``per_sample_loss_fn``, or ``loss_fn`` vectorized per sample when not given) and,
     from AFTER_BACKWARD on, the loss closure in ``ctx.gradient_fn`` (see the module docstring).
+
+    Run eagerly, the update is ``tx.fused`` where the optimizer has one (torch's in-place arithmetic) on
+    copies of the parameters and optimizer state; with ``donate=True`` on the state's own tensors, which the
+    caller gives up (the trainer, which owns its state, does). Compiled, it is ``tx.update``.
     """
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"grad_mode={grad_mode!r} must be one of {', '.join(GRAD_MODES)}")
@@ -241,9 +247,7 @@ def make_train_step(
         state, ctx = run_event(Event.AFTER_BACKWARD, plan, state, ctx)
         state, ctx = run_event(Event.AFTER_TRAIN_BATCH, plan, state, ctx)
         assert ctx.grads is not None
-        with torch.no_grad():
-            updates, opt = tx.update(ctx.grads, state.opt, state.params)
-            params = apply_updates(state.params, updates)
+        params, opt = _optimize(tx, ctx.grads, state.opt, state.params, donate)
         state = state.replace(params=params, opt=opt, step=state.step + 1)
         state, ctx = run_event(Event.AFTER_OPTIMIZER_STEP, plan, state, ctx)
         assert ctx.loss is not None
@@ -257,12 +261,22 @@ def make_train_step(
         with precision_context(static):
             loss = loss_fn(outputs, batch)
         grads = dict(zip(leaves, torch.autograd.grad(loss, tuple(leaves.values())), strict=True))
-        with torch.no_grad():
-            updates, opt = tx.update(grads, state.opt, state.params)
-            params = apply_updates(state.params, updates)
+        params, opt = _optimize(tx, grads, state.opt, state.params, donate)
         return state.replace(params=params, buffers=buffers, opt=opt, step=state.step + 1), {"loss": loss.detach()}
 
     return plain_step if grad_mode == "autograd" and not plan.hooks else train_step
+
+
+def _optimize(
+    tx: GradientTransformation, grads: Mapping[str, Tensor], opt: OptState, params: Mapping[str, Tensor], donate: bool
+) -> tuple[dict[str, Tensor], OptState]:
+    with torch.no_grad():
+        if tx.fused is not None and fusable(params):
+            if donate:
+                return dict(params), tx.fused(params, grads, opt, 1.0)
+            return fused_step(tx, params, grads, opt)
+        updates, opt = tx.update(grads, opt, params)
+        return apply_updates(params, updates), opt
 
 
 def compile_step(step: Callable[..., Any], backend: Any = "inductor") -> Callable[..., Any]:

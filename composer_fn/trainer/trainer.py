@@ -32,10 +32,10 @@ from composer_fn.core.passes import DEFAULT_PASSES, Pass
 from composer_fn.core.state import PRECISIONS, BatchMeta, LossFn, Precision, State, Static, batch_get
 from composer_fn.core.time import Time, Timestamp, TimeUnit, to_steps
 from composer_fn.loggers.base import Logger
-from composer_fn.optim.base import GradientTransformation, chain
+from composer_fn.optim.base import GradientTransformation
 from composer_fn.optim.optimizers import sgdw
 from composer_fn.optim.schedules import ConstantScheduler
-from composer_fn.optim.transforms import scale_by_schedule
+from composer_fn.optim.transforms import scheduled
 from composer_fn.trainer.checkpoint import checkpoint_algorithms, load_checkpoint, save_checkpoint
 from composer_fn.trainer.step import (
     GradMode,
@@ -104,7 +104,8 @@ class Trainer:
         seed: the root of every random draw of the run.
         precision: ``'fp32'`` or ``'bf16-mixed'`` (autocast inside the step).
         compile: False, True (inductor) or the name of a ``torch.compile`` backend.
-        callbacks, loggers: observers and metric destinations.
+        callbacks, loggers: observers and metric destinations. An eager run updates the state's tensors in place
+            (the trainer owns them), so a callback that keeps a tensor past its call keeps a clone.
         save_folder: where checkpoints go (``ep{epoch}-ba{batch}.pt`` and ``latest.pt``); None saves nothing.
         save_interval: how often to checkpoint when ``save_folder`` is set.
         load_path: a checkpoint to resume from. Surgery algorithms (``rewrites_model``) the checkpoint records
@@ -229,7 +230,7 @@ class Trainer:
         if schedule is None and self.lr_multiplier is base:
             self.tx = optimizer
         else:
-            self.tx = chain(optimizer, scale_by_schedule(self.lr_multiplier, host_evaluable=True))
+            self.tx = scheduled(optimizer, self.lr_multiplier)
 
         target_device = torch.device(device) if device is not None else _default_device()
         check_surgery_conflicts(self.algorithms, model)
@@ -284,6 +285,8 @@ class Trainer:
                 input_key=self.input_key,
                 grad_mode=self.grad_mode,
                 per_sample_loss_fn=self.per_sample_loss_fn,
+                # The trainer owns its state: an eager step may update its tensors in place.
+                donate=not self.compile,
             )
             if self.compile:
                 step = compile_step(step, self._counting_backend())

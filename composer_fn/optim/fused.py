@@ -1,0 +1,239 @@
+"""In-place optimizer steps for callers that own (donate) their parameters and optimizer state.
+
+``GradientTransformation.fused(params, grads, state, scale) -> state`` performs a whole optimizer step in
+place: it writes the new parameters into ``params``' tensors and the new moments into ``state``'s, and returns
+the new state record (a new count; the same moment tensors). ``scale`` multiplies the learning rate, and with
+it every term the learning rate multiplies (the schedule's multiplier). The arithmetic is torch's: the fused
+kernels ``torch._fused_sgd_``/``_fused_adam_``/``_fused_adamw_`` where the tensors' device has them, else
+torch's foreach sequence. It runs eagerly only (it reads the step count on the host); compiled steps use the
+functional ``update``, which inductor fuses anyway.
+
+``fused_step`` is the pure form: it copies the parameters and the state first, so no input changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import Tensor
+
+from composer_fn.optim.base import FusedFn, GradientTransformation, OptState, Params, Updates, check_same_keys
+
+__all__ = ["sgd_in_place", "adam_in_place", "scheduled_fused", "fused_step", "fusable"]
+
+_FUSED_DEVICES = ("cpu", "cuda")
+_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def fusable(params: Params) -> bool:
+    """Returns whether an in-place step can run on ``params`` now: eager, outside any function transform."""
+    return not torch.compiler.is_compiling() and not any(
+        torch._C._functorch.is_functorch_wrapped_tensor(p) for p in params.values()
+    )
+
+
+def fused_step(
+    tx: GradientTransformation, params: Params, grads: Updates, state: OptState, scale: float = 1.0
+) -> tuple[dict[str, Tensor], OptState]:
+    """Returns ``(new_params, new_state)`` from ``tx.fused`` run on copies: ``params`` and ``state`` are untouched."""
+    if tx.fused is None:
+        raise ValueError("tx has no fused step; use tx.update and apply_updates")
+    new_params = {name: p.clone() for name, p in params.items()}
+    new_state = pytree.tree_map(lambda leaf: leaf.clone() if isinstance(leaf, Tensor) else leaf, state)
+    return new_params, tx.fused(new_params, grads, new_state, scale)
+
+
+def _groups(*lists: list[Tensor]) -> list[tuple[bool, tuple[list[Tensor], ...]]]:
+    # Fused kernels take tensors of one device and dtype; group as torch.optim does.
+    grouped: dict[tuple[str, torch.dtype], tuple[list[Tensor], ...]] = {}
+    for index, tensor in enumerate(lists[0]):
+        key = (str(tensor.device), tensor.dtype)
+        slots = grouped.setdefault(key, tuple([] for _ in lists))
+        for slot, values in zip(slots, lists, strict=True):
+            if values:
+                slot.append(values[index])
+    return [
+        (key[0].split(":")[0] in _FUSED_DEVICES and key[1] in _FUSED_DTYPES, slots)
+        for key, slots in grouped.items()
+    ]
+
+
+def _aligned(params: Params, grads: Updates) -> tuple[list[str], list[Tensor], list[Tensor]]:
+    check_same_keys("grads", grads, params)
+    names = list(params)
+    return names, [params[n] for n in names], [grads[n] for n in names]
+
+
+def sgd_in_place(
+    learning_rate: float,
+    momentum: float,
+    dampening: float,
+    nesterov: bool,
+    weight_decay: float,
+    *,
+    decoupled: bool,
+    momentum_key: str,
+) -> FusedFn:
+    """Returns the in-place step of SGD (``decoupled=False``: ``torch.optim.SGD``) or of decoupled SGDW.
+
+    Decoupled SGDW first multiplies the weights by ``1 − scale · λ`` (Composer's ``DecoupledSGDW``).
+    ``momentum_key`` names the momentum's entry in the optimizer's state dict.
+    """
+
+    def fused(params: Params, grads: Updates, state: OptState, scale: float) -> OptState:
+        names, param_list, grad_list = _aligned(params, grads)
+        rate = learning_rate * scale
+        coupled = 0.0 if decoupled else weight_decay
+        trace: Any = state[momentum_key]
+        buffer_list = [trace.momentum_buffer[n] for n in names] if momentum > 0.0 else []
+        first = momentum > 0.0 and int(trace.count) == 0
+        if decoupled and weight_decay != 0.0 and param_list:
+            torch._foreach_mul_(param_list, 1.0 - scale * weight_decay)
+        for native, (group_params, group_grads, group_buffers) in _groups(param_list, grad_list, buffer_list):
+            if native:
+                torch._fused_sgd_(
+                    group_params, group_grads, group_buffers,
+                    weight_decay=coupled, momentum=momentum, lr=rate, dampening=dampening,
+                    nesterov=nesterov, maximize=False, is_first_step=first,
+                )  # fmt: skip
+            else:
+                _sgd_foreach(
+                    group_params,
+                    group_grads,
+                    group_buffers,
+                    rate,
+                    momentum,
+                    dampening,
+                    nesterov,
+                    coupled,
+                    first,
+                )
+        if momentum == 0.0:
+            return state
+        return {
+            **state,
+            momentum_key: type(trace)(count=trace.count + 1, momentum_buffer=trace.momentum_buffer),
+        }
+
+    return fused
+
+
+def _sgd_foreach(
+    params: list[Tensor],
+    grads: list[Tensor],
+    buffers: list[Tensor],
+    rate: float,
+    momentum: float,
+    dampening: float,
+    nesterov: bool,
+    weight_decay: float,
+    first: bool,
+) -> None:
+    if weight_decay != 0.0:
+        grads = list(torch._foreach_add(grads, params, alpha=weight_decay))
+    if buffers:
+        if first:
+            torch._foreach_copy_(buffers, grads)
+        else:
+            torch._foreach_mul_(buffers, momentum)
+            torch._foreach_add_(buffers, grads, alpha=1.0 - dampening)
+        grads = list(torch._foreach_add(grads, buffers, alpha=momentum)) if nesterov else buffers
+    torch._foreach_add_(params, grads, alpha=-rate)
+
+
+def adam_in_place(
+    learning_rate: float,
+    b1: float,
+    b2: float,
+    eps: float,
+    weight_decay: float,
+    *,
+    decay: str,
+) -> FusedFn:
+    """Returns the in-place step of Adam with ``decay`` ``'coupled'`` (Adam), ``'lr'`` (AdamW) or ``'decoupled'``.
+
+    ``'decoupled'`` multiplies the weights by ``1 − scale · λ`` (Composer's ``DecoupledAdamW``); ``'lr'`` by
+    ``1 − scale · η · λ`` (``torch.optim.AdamW``). The state's entry ``"adam"`` holds the moments.
+    """
+
+    def fused(params: Params, grads: Updates, state: OptState, scale: float) -> OptState:
+        names, param_list, grad_list = _aligned(params, grads)
+        rate = learning_rate * scale
+        moments: Any = state["adam"]
+        mu = [moments.mu[n] for n in names]
+        nu = [moments.nu[n] for n in names]
+        count = moments.count + 1
+        step = int(count)
+        if decay == "decoupled" and weight_decay != 0.0 and param_list:
+            torch._foreach_mul_(param_list, 1.0 - scale * weight_decay)
+        for native, (group_params, group_grads, group_mu, group_nu) in _groups(param_list, grad_list, mu, nu):
+            if native:
+                kernel = torch._fused_adamw_ if decay == "lr" else torch._fused_adam_
+                steps = [torch.full((), float(step), dtype=torch.float32, device=group_params[0].device)]
+                kernel(
+                    group_params, group_grads, group_mu, group_nu, [], steps * len(group_params),
+                    lr=rate, beta1=b1, beta2=b2, weight_decay=0.0 if decay == "decoupled" else weight_decay,
+                    eps=eps, amsgrad=False, maximize=False,
+                )  # fmt: skip
+            else:
+                _adam_foreach(
+                    group_params,
+                    group_grads,
+                    group_mu,
+                    group_nu,
+                    step,
+                    rate,
+                    b1,
+                    b2,
+                    eps,
+                    weight_decay,
+                    decay,
+                )
+        return {**state, "adam": type(moments)(count=count, mu=moments.mu, nu=moments.nu)}
+
+    return fused
+
+
+def _adam_foreach(
+    params: list[Tensor],
+    grads: list[Tensor],
+    mu: list[Tensor],
+    nu: list[Tensor],
+    step: int,
+    rate: float,
+    b1: float,
+    b2: float,
+    eps: float,
+    weight_decay: float,
+    decay: str,
+) -> None:
+    if decay == "lr" and weight_decay != 0.0:
+        torch._foreach_mul_(params, 1.0 - rate * weight_decay)
+    if decay == "coupled" and weight_decay != 0.0:
+        grads = list(torch._foreach_add(grads, params, alpha=weight_decay))
+    torch._foreach_lerp_(mu, grads, 1.0 - b1)
+    torch._foreach_mul_(nu, b2)
+    torch._foreach_addcmul_(nu, grads, grads, 1.0 - b2)
+    bias_correction1 = 1.0 - b1**step
+    bias_correction2_sqrt = (1.0 - b2**step) ** 0.5
+    denominators = torch._foreach_sqrt(nu)
+    torch._foreach_div_(denominators, bias_correction2_sqrt)
+    torch._foreach_add_(denominators, eps)
+    torch._foreach_addcdiv_(params, mu, denominators, -rate / bias_correction1)
+
+
+def scheduled_fused(optimizer: FusedFn, schedule: Callable[..., Any]) -> FusedFn:
+    """Returns the in-place step of ``chain(optimizer, scale_by_schedule(schedule))``: the rate times ``s(count)``."""
+
+    def fused(params: Params, grads: Updates, state: OptState, scale: float) -> OptState:
+        inner, scheduled = state
+        multiplier = float(schedule(int(scheduled.count)))
+        return (
+            optimizer(params, grads, inner, scale * multiplier),
+            type(scheduled)(count=scheduled.count + 1),
+        )
+
+    return fused
