@@ -20,6 +20,7 @@ from composer_fn.algorithms.cutout import CutOutParams, cutout_apply, cutout_bat
 from composer_fn.algorithms.ema import compute_ema, ema_update
 from composer_fn.algorithms.gradient_clipping import apply_gradient_clipping
 from composer_fn.algorithms.label_smoothing import smooth_labels
+from composer_fn.algorithms.layer_freezing import freezable_layers, freeze_layers, freeze_schedule
 from composer_fn.algorithms.mixup import MixUpParams, mixup_apply, mixup_batch, mixup_params, mixup_targets
 from composer_fn.algorithms.progressive_resizing import (
     CropParams,
@@ -66,6 +67,9 @@ __all__ = [
     "colout_batch",
     "colout_params",
     "compute_ema",
+    "freezable_layers",
+    "freeze_layers",
+    "freeze_schedule",
     "recompute_batchnorm",
     "swa_update",
     "crop_apply",

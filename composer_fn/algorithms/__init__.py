@@ -8,6 +8,7 @@ from composer_fn.algorithms.cutout import CutOut
 from composer_fn.algorithms.ema import EMA
 from composer_fn.algorithms.gradient_clipping import GradientClipping
 from composer_fn.algorithms.label_smoothing import LabelSmoothing
+from composer_fn.algorithms.layer_freezing import LayerFreezing
 from composer_fn.algorithms.mixup import MixUp
 from composer_fn.algorithms.progressive_resizing import ProgressiveResizing
 from composer_fn.algorithms.randaugment import RandAugment
@@ -25,6 +26,7 @@ __all__ = [
     "EMA",
     "GradientClipping",
     "LabelSmoothing",
+    "LayerFreezing",
     "MixUp",
     "ProgressiveResizing",
     "RandAugment",

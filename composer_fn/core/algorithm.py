@@ -152,6 +152,15 @@ class Algorithm:
         """
         return frozenset()
 
+    def frozen_parameters(self, module: Any, timestamp: Timestamp) -> frozenset[str]:
+        """Returns the names of ``module``'s parameters that get neither gradient nor update in the coming step.
+
+        Layer freezing: the step computes no gradient for them and leaves them and their optimizer state as
+        they are. Host-only, from the structure and the timestamp before the batch; each distinct set builds
+        (and compiles) its own step.
+        """
+        return frozenset()
+
     def lr_multiplier(self, schedule: Any, *, steps_per_epoch: int, max_steps: int) -> Any:
         """Returns the learning-rate multiplier to train with, given the run's (a function of the step count).
 

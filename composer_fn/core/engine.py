@@ -24,6 +24,7 @@ __all__ = [
     "Trace",
     "make_plan",
     "check_surgery_conflicts",
+    "frozen_parameters",
     "run_event",
     "run_host_event",
     "dry_run",
@@ -123,6 +124,14 @@ def check_surgery_conflicts(algorithms: Sequence[Algorithm], module: Any) -> Non
                     "keep one of them, or restrict one to other modules"
                 )
             claimed[target] = algorithm.name
+
+
+def frozen_parameters(algorithms: Sequence[Algorithm], timestamp: Timestamp, module: Any) -> frozenset[str]:
+    """Returns the parameters of ``module`` that the algorithms freeze for the step starting at ``timestamp``."""
+    frozen: frozenset[str] = frozenset()
+    for algorithm in algorithms:
+        frozen |= algorithm.frozen_parameters(module, timestamp)
+    return frozen
 
 
 def _nested(outer: str, inner: str) -> bool:

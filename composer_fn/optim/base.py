@@ -38,6 +38,8 @@ __all__ = [
     "masked",
     "apply_updates",
     "apply_updates_",
+    "restrict_state",
+    "merge_state",
 ]
 
 Params = Mapping[str, Tensor]
@@ -230,6 +232,50 @@ def masked(
         return {k: new_inner[k] if chosen[k] else u for k, u in updates.items()}, MaskedState(inner_state)
 
     return GradientTransformation(init, update)
+
+
+def _per_parameter(node: Any, names: frozenset[str]) -> bool:
+    return isinstance(node, Mapping) and len(node) > 0 and frozenset(node) == names
+
+
+def restrict_state(state: OptState, names: Sequence[str], keep: Sequence[str]) -> OptState:
+    """Returns ``state`` with every per-parameter mapping (keyed by exactly ``names``) cut down to ``keep``.
+
+    Counts and other leaves are kept as they are, so a transform can update a subset of the parameters (the
+    trainable ones under layer freezing); :func:`merge_state` puts the result back.
+    """
+    everything, kept = frozenset(names), tuple(keep)
+
+    def cut(node: Any) -> Any:
+        if _per_parameter(node, everything):
+            return {name: node[name] for name in kept}
+        if isinstance(node, Mapping):
+            return {key: cut(value) for key, value in node.items()}
+        if isinstance(node, tuple) and hasattr(node, "_fields"):
+            return type(node)(*(cut(value) for value in node))
+        if isinstance(node, tuple | list):
+            return type(node)(cut(value) for value in node)
+        return node
+
+    return cut(state)
+
+
+def merge_state(full: OptState, part: OptState, names: Sequence[str]) -> OptState:
+    """Returns ``full`` with the entries ``part`` holds (a :func:`restrict_state` of it, updated) taken from ``part``."""
+    everything = frozenset(names)
+
+    def merge(whole: Any, piece: Any) -> Any:
+        if _per_parameter(whole, everything):
+            return {name: piece.get(name, value) for name, value in whole.items()}
+        if isinstance(whole, Mapping):
+            return {key: merge(value, piece[key]) for key, value in whole.items()}
+        if isinstance(whole, tuple) and hasattr(whole, "_fields"):
+            return type(whole)(*(merge(a, b) for a, b in zip(whole, piece, strict=True)))
+        if isinstance(whole, tuple | list):
+            return type(whole)(merge(a, b) for a, b in zip(whole, piece, strict=True))
+        return piece
+
+    return merge(full, part)
 
 
 def _aligned(params: Params, updates: Updates) -> tuple[list[str], list[Tensor], list[Tensor]]:

@@ -32,7 +32,7 @@ from torch.func import functional_call
 
 from composer_fn.core import random as R
 from composer_fn.core.algorithm import Algorithm, algorithms_to_json
-from composer_fn.core.engine import make_plan, run_event, run_host_event
+from composer_fn.core.engine import frozen_parameters, make_plan, run_event, run_host_event
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, ForwardFn, LossFn, State, Static, StepCtx
 from composer_fn.core.time import Time, Timestamp, TimeUnit
@@ -186,7 +186,8 @@ def train_steps(
         static, state = run_host_event(Event.BATCH_START, plan, static, state, timestamp, meta)
         if guard is not None:
             _assert_unchanged((before, batch), guard, f"{names}: BATCH_START hooks of step {index}")
-        step = steps.get(plan.step_key)
+        frozen = frozen_parameters(setup.algorithms, timestamp, static.module)
+        step = steps.get((plan.step_key, frozen))
         if step is None:
             step = make_train_step(
                 static,
@@ -195,10 +196,11 @@ def train_steps(
                 tx,
                 grad_mode="func" if compile_backend else "autograd",
                 per_sample_loss_fn=setup.per_sample_loss_fn,
+                frozen=frozen,
             )
             if compile_backend:
                 step = compile_step(step, compile_backend)
-            steps[plan.step_key] = step
+            steps[(plan.step_key, frozen)] = step
         guard = _snapshot((state, batch)) if check_inputs else None
         before = state
         state, metrics = step(state, batch)

@@ -35,7 +35,13 @@ from composer_fn.core.engine import Plan, run_event
 from composer_fn.core.event import Event
 from composer_fn.core.state import GradientFn, LossFn, State, Static, StepCtx, batch_get
 from composer_fn.models.keyed import forward_key_names, forward_keys
-from composer_fn.optim.base import GradientTransformation, OptState, apply_updates
+from composer_fn.optim.base import (
+    GradientTransformation,
+    OptState,
+    apply_updates,
+    merge_state,
+    restrict_state,
+)
 from composer_fn.optim.fused import fusable, fused_step
 
 __all__ = [
@@ -168,6 +174,7 @@ def make_train_step(
     grad_mode: GradMode = "autograd",
     per_sample_loss_fn: LossFn | None = None,
     donate: bool = False,
+    frozen: frozenset[str] = frozenset(),
 ) -> StepFn:
     """Returns the training step: the plan's traced events around a functional gradient and ``tx``'s update.
 
@@ -181,6 +188,9 @@ def make_train_step(
     Run eagerly, the update is ``tx.fused`` where the optimizer has one (torch's in-place arithmetic) on
     copies of the parameters and optimizer state; with ``donate=True`` on the state's own tensors, which the
     caller gives up (the trainer, which owns its state, does). Compiled, it is ``tx.update``.
+
+    Parameters named in ``frozen`` (layer freezing) get no gradient computed and no update; their optimizer
+    state is kept as it is. Hooks see gradients of the trainable parameters only.
     """
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"grad_mode={grad_mode!r} must be one of {', '.join(GRAD_MODES)}")
@@ -203,22 +213,38 @@ def make_train_step(
         assert ctx.loss is not None
         return ctx.loss, (state, ctx)
 
-    differentiate = grad_and_value(loss_and_aux, has_aux=True)
+    def split_loss_and_aux(
+        trainable: Mapping[str, Tensor], fixed: Mapping[str, Tensor], state: State, ctx: StepCtx
+    ) -> tuple[Tensor, tuple[State, StepCtx]]:
+        return loss_and_aux({**fixed, **trainable}, state, ctx)
+
+    differentiate = grad_and_value(split_loss_and_aux, has_aux=True)
     keyed = bool(plan.hooks) or bool(key_names)
     losses_per_sample = per_sample_loss_fn if per_sample_loss_fn is not None else per_sample_loss(loss_fn)
 
     def forward(params: Mapping[str, Tensor], buffers: Mapping[str, Tensor], input: Any) -> tuple[Any, dict[str, Tensor]]:
         return _forward(static, params, buffers, input, slots)
 
-    def gradients(params: Mapping[str, Tensor], state: State, ctx: StepCtx) -> tuple[Tensor, dict[str, Tensor]]:
+    def differentiated(
+        params: Mapping[str, Tensor], state: State, ctx: StepCtx
+    ) -> tuple[Tensor, dict[str, Tensor], tuple[State, StepCtx]]:
+        # Frozen parameters enter as constants: autograd computes no gradient for them (nor, when every layer
+        # before a point is frozen, any backward there).
+        trainable = {n: p for n, p in params.items() if n not in frozen}
+        fixed = {n: p.detach() for n, p in params.items() if n in frozen}
         if grad_mode == "func":
-            grads, (loss, _) = differentiate(params, state, ctx)
-            return loss.detach(), grads
-        leaves = {name: p.detach().requires_grad_() for name, p in params.items()}
+            grads, (loss, aux) = differentiate(trainable, fixed, state, ctx)
+            return loss, grads, aux
+        leaves = {name: p.detach().requires_grad_() for name, p in trainable.items()}
         # A hook may call the closure under no_grad; its gradient must not depend on where it is called from.
         with torch.enable_grad():
-            loss, _ = loss_and_aux(leaves, state, ctx)
-            return loss.detach(), dict(zip(leaves, torch.autograd.grad(loss, tuple(leaves.values())), strict=True))
+            loss, aux = split_loss_and_aux(leaves, fixed, state, ctx)
+            grads = dict(zip(leaves, torch.autograd.grad(loss, tuple(leaves.values())), strict=True))
+        return loss, grads, aux
+
+    def gradients(params: Mapping[str, Tensor], state: State, ctx: StepCtx) -> tuple[Tensor, dict[str, Tensor]]:
+        loss, grads, _ = differentiated(params, state, ctx)
+        return loss.detach(), grads
 
     def gradient_fn_at(state: State, ctx: StepCtx) -> GradientFn:
         def gradient_fn(params: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
@@ -237,17 +263,12 @@ def make_train_step(
         state, ctx = run_event(Event.AFTER_DATALOADER, plan, state, ctx)
         state, ctx = run_event(Event.BEFORE_TRAIN_BATCH, plan, state, ctx)
         gradient_fn = gradient_fn_at(state, ctx)
-        if grad_mode == "func":
-            grads, (loss, (state, ctx)) = differentiate(state.params, state, ctx)
-        else:
-            leaves = {name: p.detach().requires_grad_() for name, p in state.params.items()}
-            loss, (state, ctx) = loss_and_aux(leaves, state, ctx)
-            grads = dict(zip(leaves, torch.autograd.grad(loss, tuple(leaves.values())), strict=True))
+        loss, grads, (state, ctx) = differentiated(state.params, state, ctx)
         ctx = ctx.replace(grads=grads, loss=loss.detach(), outputs=_detach(ctx.outputs), gradient_fn=gradient_fn)
         state, ctx = run_event(Event.AFTER_BACKWARD, plan, state, ctx)
         state, ctx = run_event(Event.AFTER_TRAIN_BATCH, plan, state, ctx)
         assert ctx.grads is not None
-        params, opt = _optimize(tx, ctx.grads, state.opt, state.params, donate)
+        params, opt = _optimize(tx, ctx.grads, state.opt, state.params, donate, frozen)
         state = state.replace(params=params, opt=opt, step=state.step + 1)
         state, ctx = run_event(Event.AFTER_OPTIMIZER_STEP, plan, state, ctx)
         assert ctx.loss is not None
@@ -255,28 +276,42 @@ def make_train_step(
 
     def plain_step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
         # The same step for a plan without traced hooks, minus ten empty folds and the records between them.
-        leaves = {name: p.detach().requires_grad_() for name, p in state.params.items()}
+        leaves = {name: p.detach() if name in frozen else p.detach().requires_grad_() for name, p in state.params.items()}
         keys = forward_keys(key_names, _step_key(state, True)) if key_names else None
         outputs, buffers = _forward(static, leaves, state.buffers, batch_get(batch, input_key), slots, keys)
         with precision_context(static):
             loss = loss_fn(outputs, batch)
-        grads = dict(zip(leaves, torch.autograd.grad(loss, tuple(leaves.values())), strict=True))
-        params, opt = _optimize(tx, grads, state.opt, state.params, donate)
+        trainable = [name for name in leaves if name not in frozen]
+        grads = dict(zip(trainable, torch.autograd.grad(loss, [leaves[n] for n in trainable]), strict=True))
+        params, opt = _optimize(tx, grads, state.opt, state.params, donate, frozen)
         return state.replace(params=params, buffers=buffers, opt=opt, step=state.step + 1), {"loss": loss.detach()}
 
     return plain_step if grad_mode == "autograd" and not plan.hooks else train_step
 
 
 def _optimize(
-    tx: GradientTransformation, grads: Mapping[str, Tensor], opt: OptState, params: Mapping[str, Tensor], donate: bool
+    tx: GradientTransformation,
+    grads: Mapping[str, Tensor],
+    opt: OptState,
+    params: Mapping[str, Tensor],
+    donate: bool,
+    frozen: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, Tensor], OptState]:
+    names = tuple(params)
+    trainable = {n: p for n, p in params.items() if n not in frozen} if frozen else params
+    state = restrict_state(opt, names, tuple(trainable)) if frozen else opt
     with torch.no_grad():
         if tx.fused is not None and fusable(params):
             if donate:
-                return dict(params), tx.fused(params, grads, opt, 1.0)
-            return fused_step(tx, params, grads, opt)
-        updates, opt = tx.update(grads, opt, params)
-        return apply_updates(params, updates), opt
+                new_params, new_state = dict(trainable), tx.fused(trainable, grads, state, 1.0)
+            else:
+                new_params, new_state = fused_step(tx, trainable, grads, state)
+        else:
+            updates, new_state = tx.update(grads, state, trainable)
+            new_params = apply_updates(trainable, updates)
+    if not frozen:
+        return new_params, new_state
+    return {n: new_params.get(n, p) for n, p in params.items()}, merge_state(opt, new_state, names)
 
 
 def compile_step(step: Callable[..., Any], backend: Any = "inductor") -> Callable[..., Any]:

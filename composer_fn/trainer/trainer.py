@@ -26,7 +26,13 @@ from tqdm import tqdm
 from composer_fn.callbacks.base import Callback, RunView, bind_callbacks
 from composer_fn.core import random as R
 from composer_fn.core.algorithm import REQUIREMENTS, Algorithm, algorithms_from_json, algorithms_to_json
-from composer_fn.core.engine import Plan, check_surgery_conflicts, make_plan, run_host_event
+from composer_fn.core.engine import (
+    Plan,
+    check_surgery_conflicts,
+    frozen_parameters,
+    make_plan,
+    run_host_event,
+)
 from composer_fn.core.event import Event
 from composer_fn.core.passes import DEFAULT_PASSES, Pass
 from composer_fn.core.state import PRECISIONS, BatchMeta, LossFn, Precision, State, Static, batch_get
@@ -273,8 +279,8 @@ class Trainer:
     def _plan(self, timestamp: Timestamp, meta: BatchMeta | None = None) -> Plan:
         return make_plan(self.algorithms, self.passes, timestamp, meta=meta)
 
-    def _train_step(self, plan: Plan) -> StepFn:
-        cache_key = (self.static, plan.step_key)
+    def _train_step(self, plan: Plan, frozen: frozenset[str] = frozenset()) -> StepFn:
+        cache_key = (self.static, plan.step_key, frozen)
         step = self._steps.get(cache_key)
         if step is None:
             step = make_train_step(
@@ -287,6 +293,7 @@ class Trainer:
                 per_sample_loss_fn=self.per_sample_loss_fn,
                 # The trainer owns its state: an eager step may update its tensors in place.
                 donate=not self.compile,
+                frozen=frozen,
             )
             if self.compile:
                 step = compile_step(step, self._counting_backend())
@@ -396,8 +403,10 @@ class Trainer:
         listening = bool(self._handlers)
         log_every = _batches_between(self.log_interval) or self.max_steps + 1
         eval_every, save_every = _batches_between(self.eval_interval), _batches_between(self.save_interval)
-        step_plan, step_static = self._plan(self.timestamp), self.static
+        step_plan, step_static, step_frozen = self._plan(self.timestamp), self.static, frozenset[str]()
         step: StepFn = self._train_step(step_plan)
+        # Asked before every step only when an algorithm can freeze parameters at all.
+        freezing = any(type(a).frozen_parameters is not Algorithm.frozen_parameters for a in self.algorithms)
         loss: Tensor | None = None
         saved_at = -1
         unchecked = any(a.input_range is not None for a in self.algorithms)
@@ -418,8 +427,14 @@ class Trainer:
                     if plan.host or listening:
                         self._host_event(Event.BEFORE_DATALOADER, plan)
                         self._host_event(Event.BATCH_START, plan, meta)
-                    if plan is not step_plan or self.static is not step_static:
-                        step, step_plan, step_static = self._train_step(plan), plan, self.static
+                    frozen = (
+                        frozen_parameters(self.algorithms, self.timestamp, self.static.module)
+                        if freezing
+                        else step_frozen
+                    )
+                    if plan is not step_plan or self.static is not step_static or frozen != step_frozen:
+                        step = self._train_step(plan, frozen)
+                        step_plan, step_static, step_frozen = plan, self.static, frozen
                     began = time.perf_counter()
                     self.state, outputs = step(self.state, batch)
                     loss = outputs["loss"]
