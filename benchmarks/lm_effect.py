@@ -1,6 +1,11 @@
-"""Measures SeqLengthWarmup on the standard-library character task: held-out loss, bits per character, wall time.
+"""Measures language-model algorithms on the standard-library character task: held-out loss, bits per character, time.
 
 Usage: python benchmarks/lm_effect.py [--seeds 3] [--steps 180] [--seq-len 128] [--threads 1] [--json PATH]
+    [--precision bf16-mixed] [--algorithm CONFIG ...]
+Without ``--algorithm`` it compares SeqLengthWarmup with the baseline (see ``configurations``). ``--algorithm``
+adds a configuration given as an algorithm's JSON config (``Algorithm.to_config()``, e.g.
+``'{"algorithm": "alibi", "hparams": {"max_sequence_length": 128}}'``); with it, only the baseline and the given
+configurations run. ``--precision`` applies to every configuration, the baseline included.
 Every configuration trains the same CausalLM recipe (AdamW, cosine schedule with a warm-up) for the same number
 of optimizer steps from the same seeds; only the algorithms differ. Held-out loss is the mean next-character
 cross-entropy over every position of every held-out row at the full sequence length; bits per character is
@@ -21,9 +26,11 @@ import time
 import torch
 
 from composer_fn import optim
+from composer_fn.algorithms import alibi, gated_linear_units, low_precision_layernorm  # noqa: F401  (registers them)
 from composer_fn.algorithms.seq_length_warmup import SeqLengthWarmup
-from composer_fn.core.algorithm import Algorithm
+from composer_fn.core.algorithm import Algorithm, algorithm_from_config
 from composer_fn.core.random import key
+from composer_fn.core.state import Precision
 from composer_fn.core.time import Timestamp
 from composer_fn.data.text import load_stdlib_text_task
 from composer_fn.models.init import init_parameters
@@ -68,7 +75,9 @@ def configurations(steps: int, seq_len: int) -> dict[str, tuple[tuple[Algorithm,
     }
 
 
-def run(algorithms: tuple[Algorithm, ...], seed: int, steps: int, seq_len: int) -> tuple[float, float, float]:
+def run(
+    algorithms: tuple[Algorithm, ...], seed: int, steps: int, seq_len: int, precision: Precision = "fp32"
+) -> tuple[float, float, float]:
     """Returns (held-out loss, training wall seconds, training CPU seconds) of one run."""
     task = load_stdlib_text_task(seq_len=seq_len, batch_size=BATCH_SIZE, max_chars=200_000, seed=seed)
     model = CausalLM(task.vocab_size, d_model=64, n_heads=4, n_layers=2, max_seq_len=seq_len)
@@ -87,6 +96,7 @@ def run(algorithms: tuple[Algorithm, ...], seed: int, steps: int, seq_len: int) 
         target_key=1,
         eval_interval=f"{steps}ba",
         progress_bar=False,
+        precision=precision,
     )
     started, cpu_started = time.perf_counter(), time.process_time()
     metrics = trainer.fit()
@@ -100,18 +110,26 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16-mixed"))
+    parser.add_argument(
+        "--algorithm", action="append", default=[], help="an algorithm's JSON config (repeatable)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    compared = configurations(args.steps, args.seq_len)
+    given = [algorithm_from_config(json.loads(config)) for config in args.algorithm]
+    if given:
+        compared = {"baseline": ((), args.steps), **{repr(a): ((a,), args.steps) for a in given}}
+    else:
+        compared = configurations(args.steps, args.seq_len)
     results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in compared}
     load_before = os.getloadavg()[0]
     for seed in range(args.seeds):
         for name, (algorithms, steps) in compared.items():
-            results[name].append(run(algorithms, seed, steps, args.seq_len))
+            results[name].append(run(algorithms, seed, steps, args.seq_len, args.precision))
     baseline_time = statistics.mean(t for _, t, _ in results["baseline"])
     print(
         f"stdlib characters, CausalLM d64 x2, batch {BATCH_SIZE} x {args.seq_len}, AdamW 3e-3 cosine, "
-        f"seeds 0..{args.seeds - 1}, {args.threads} thread(s), load average {load_before:.1f} before, "
+        f"seeds 0..{args.seeds - 1}, {args.precision}, {args.threads} thread(s), load average {load_before:.1f} before, "
         f"{os.getloadavg()[0]:.1f} after"
     )
     header = (
@@ -126,7 +144,8 @@ def main() -> None:
         "vs base",
         "cpu s",
     )
-    print(f"{header[0]:<38} {header[1]:>5} {header[2]:>9} " + " ".join(f"{h:>9}" for h in header[3:]))
+    width = max(38, *(len(name) for name in results))
+    print(f"{header[0]:<{width}} {header[1]:>5} {header[2]:>9} " + " ".join(f"{h:>9}" for h in header[3:]))
     for name, runs in results.items():
         algorithms, steps = compared[name]
         losses = [loss for loss, _, _ in runs]
@@ -134,7 +153,7 @@ def main() -> None:
         cpu = statistics.mean(c for _, _, c in runs)
         mean_loss = statistics.mean(losses)
         print(
-            f"{name:<38} {steps:>5} {tokens_trained(algorithms, steps, args.seq_len):>9,} {mean_loss:>9.4f} "
+            f"{name:<{width}} {steps:>5} {tokens_trained(algorithms, steps, args.seq_len):>9,} {mean_loss:>9.4f} "
             f"{min(losses):>9.4f} {max(losses):>9.4f} {mean_loss / math.log(2):>9.3f} {wall:>9.2f} "
             f"{wall / baseline_time:>8.2f}x {cpu:>9.2f}"
         )

@@ -9,14 +9,17 @@ from composer_fn.algorithms import (
     EMA,
     SAM,
     SWA,
+    Alibi,
     AugMix,
     ChannelsLast,
     ColOut,
     CutMix,
     CutOut,
+    GatedLinearUnits,
     GradientClipping,
     LabelSmoothing,
     LayerFreezing,
+    LowPrecisionLayerNorm,
     MixUp,
     ProgressiveResizing,
     RandAugment,
@@ -32,6 +35,9 @@ from composer_fn.core.time import Time, Timestamp, TimeUnit
 from composer_fn.trainer import Trainer
 
 __all__ = [
+    "Alibi",
+    "GatedLinearUnits",
+    "LowPrecisionLayerNorm",
     "Algorithm",
     "AugMix",
     "ChannelsLast",

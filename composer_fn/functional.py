@@ -1,5 +1,11 @@
 """The notebook API: every pure function of every algorithm, with Composer's names plus an explicit ``key``."""
 
+from composer_fn.algorithms.alibi import (
+    alibi_slopes,
+    apply_alibi,
+    scale_batch_sequence_length,
+    scaled_sequence_length,
+)
 from composer_fn.algorithms.augmix import (
     AugMixParams,
     augmix_apply,
@@ -18,9 +24,11 @@ from composer_fn.algorithms.cutmix import (
 )
 from composer_fn.algorithms.cutout import CutOutParams, cutout_apply, cutout_batch, cutout_params
 from composer_fn.algorithms.ema import compute_ema, ema_update
+from composer_fn.algorithms.gated_linear_units import apply_gated_linear_units, feed_forward_parameter_change
 from composer_fn.algorithms.gradient_clipping import apply_gradient_clipping
 from composer_fn.algorithms.label_smoothing import smooth_labels
 from composer_fn.algorithms.layer_freezing import freezable_layers, freeze_layers, freeze_schedule
+from composer_fn.algorithms.low_precision_layernorm import apply_low_precision_layernorm
 from composer_fn.algorithms.mixup import MixUpParams, mixup_apply, mixup_batch, mixup_params, mixup_targets
 from composer_fn.algorithms.progressive_resizing import (
     CropParams,
@@ -49,6 +57,13 @@ from composer_fn.algorithms.seq_length_warmup import set_batch_sequence_length, 
 from composer_fn.algorithms.swa import recompute_batchnorm, swa_update
 
 __all__ = [
+    "alibi_slopes",
+    "apply_alibi",
+    "scale_batch_sequence_length",
+    "scaled_sequence_length",
+    "apply_gated_linear_units",
+    "feed_forward_parameter_change",
+    "apply_low_precision_layernorm",
     "AugMixParams",
     "ColOutParams",
     "CropParams",

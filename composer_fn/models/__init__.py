@@ -1,7 +1,9 @@
 """Models: a small model zoo and keyed parameter initialisation."""
 
+from composer_fn.models.bert import MaskedLM, mask_tokens, masked_lm_loss
 from composer_fn.models.cnn import SmallCNN
 from composer_fn.models.init import init_parameters
+from composer_fn.models.lm import CausalLM, causal_lm_loss
 from composer_fn.models.mlp import MLP
 
-__all__ = ["MLP", "SmallCNN", "init_parameters"]
+__all__ = ["CausalLM", "MLP", "MaskedLM", "SmallCNN", "causal_lm_loss", "init_parameters", "mask_tokens", "masked_lm_loss"]

@@ -10,6 +10,7 @@ from composer_fn.testing.contract import (
     check_dtypes,
     check_keys_matter,
     check_purity,
+    check_surgery,
     make_setup,
     train_steps,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "check_dtypes",
     "check_keys_matter",
     "check_purity",
+    "check_surgery",
     "make_setup",
     "train_steps",
 ]

@@ -59,6 +59,7 @@ __all__ = [
     "check_composes",
     "check_dtypes",
     "check_keys_matter",
+    "check_surgery",
     "make_forward",
     "CHECKS",
     "IMAGE_DTYPES",
@@ -98,6 +99,7 @@ def make_setup(
     num_classes: int = 4,
     sequence_length: int = 32,
     steps: int = 3,
+    modality: str | None = None,
 ) -> Setup:
     """Returns a set-up with INIT already run, for the algorithms' ``modality``.
 
@@ -105,8 +107,9 @@ def make_setup(
     Tokens: a one-block CausalLM over 16 symbols on keyed ``[B, sequence_length]`` token rows with next-token
     labels. Both train with SGD with momentum; the run's ``max_duration`` is ``steps`` batches. ``seed`` draws the
     model and the data; ``key_seed`` (default ``seed``) is the root of the algorithms' random draws.
+    ``modality`` overrides the one the algorithms declare (for a set-up without algorithms).
     """
-    modality = _modality(algorithms)
+    modality = modality or _modality(algorithms)
     data_key = R.fold_in(R.key(seed), 0xDA7A)
     model: nn.Module
     if modality == "tokens":
@@ -294,6 +297,54 @@ def check_keys_matter(algorithm: Algorithm, *, seed: int = 0) -> None:
         assert same, f"{algorithm.name}: declared deterministic, yet keys {seed} and {seed + 1} gave different results"
 
 
+def _module_snapshot(module: nn.Module) -> tuple[str, list[tuple[str, Tensor, int]]]:
+    tensors = [*module.named_parameters(), *module.named_buffers()]
+    return repr(module), [(name, t.detach().clone(), t._version) for name, t in tensors]
+
+
+def _outputs(static: Static, state: State, input: Any) -> Any:
+    module = static.module
+    mode = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            return functional_call(module, (dict(state.params), dict(state.buffers)), (input,))
+    finally:
+        module.train(mode)
+
+
+def check_surgery(algorithm: Algorithm, *, seed: int = 0) -> None:
+    """Raises AssertionError unless a model rewrite is pure and idempotent (algorithms that rewrite nothing pass).
+
+    The rewrite at INIT must claim a submodule of the suite's model (so the check checks something), leave
+    the given module, its tensors and the state untouched, claim nothing on its own result, and give, applied
+    again, the same structure, tensors and outputs.
+    """
+    if not algorithm.rewrites_model:
+        return
+    plain = make_setup([], seed=seed, modality=algorithm.modality)
+    module = plain.static.module
+    assert algorithm.surgery_targets(module), f"{algorithm.name}: claims no submodule of the suite's model"
+    before = _module_snapshot(module)
+    guard = _snapshot(plain.state)
+    start = Timestamp().with_max_duration(plain.max_duration)
+    plan = make_plan([algorithm], timestamp=start)
+    once_static, once = run_host_event(Event.INIT, plan, plain.static, plain.state, start)
+    _assert_unchanged(plain.state, guard, f"{algorithm.name}: INIT surgery on its input state")
+    after = _module_snapshot(module)
+    assert before[0] == after[0], f"{algorithm.name}: the given module's structure changed"
+    for (name, old, version), (_, new, new_version) in zip(before[1], after[1], strict=True):
+        assert version == new_version and torch.equal(old, new), f"{algorithm.name}: the given module's {name!r} changed"
+    assert once_static.module is not module, f"{algorithm.name}: returned the given module instead of a new one"
+    assert not algorithm.surgery_targets(once_static.module), f"{algorithm.name}: still claims submodules once applied"
+    twice_static, twice = run_host_event(Event.INIT, plan, once_static, once, start)
+    assert repr(twice_static.module) == repr(once_static.module), f"{algorithm.name}: applying twice changed the model"
+    _assert_states_equal(once, twice, f"{algorithm.name}: applying twice")
+    input = plain.batches[0][0]
+    first, second = _outputs(once_static, once, input), _outputs(twice_static, twice, input)
+    assert torch.equal(first, second), f"{algorithm.name}: applying twice changed the outputs"
+
+
 _BEFORE_FORWARD = (Event.AFTER_DATALOADER, Event.BEFORE_TRAIN_BATCH, Event.BEFORE_FORWARD)
 IMAGE_DTYPES: tuple[torch.dtype, ...] = (torch.uint8, torch.float16, torch.bfloat16, torch.float32)
 
@@ -366,6 +417,7 @@ def check_composes(first: Algorithm, second: Algorithm, *, seed: int = 0) -> Non
 
 
 CHECKS: tuple[Callable[..., None], ...] = (
+    check_surgery,
     check_purity,
     check_determinism,
     check_keys_matter,

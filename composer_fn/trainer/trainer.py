@@ -526,8 +526,9 @@ class Trainer:
                 target = batch_get(batch, self.target_key)
                 predictions = outputs.movedim(-1, 1) if _class_last(outputs, target) else outputs
                 if accuracy is None:
+                    # -100 marks positions without a label (masked-LM targets, padding), as in cross-entropy.
                     accuracy = torchmetrics.classification.MulticlassAccuracy(
-                        num_classes=predictions.shape[1], average="micro"
+                        num_classes=predictions.shape[1], average="micro", ignore_index=-100
                     ).to(self.static.device)
                 accuracy.update(predictions.float(), target)
                 with torch.no_grad():

@@ -101,3 +101,75 @@ def test_dtype_check_catches_an_algorithm_that_changes_the_input_dtype() -> None
 
     with pytest.raises(AssertionError, match="came out as"):
         check_dtypes(Promotes())
+
+
+def _relu_surgeries():
+    from dataclasses import dataclass
+
+    from torch import nn
+
+    from composer_fn.algorithms._surgery import Surgery, matching_modules, replace_modules
+
+    def relus(module):
+        return frozenset(matching_modules(module, lambda name, m: type(m) is nn.ReLU))
+
+    @dataclass(frozen=True)
+    class ReluToGelu(Surgery):
+        def targets(self, module):
+            return relus(module)
+
+        def rewrite(self, module, key):
+            return replace_modules(module, {name: nn.GELU() for name in relus(module)})
+
+    @dataclass(frozen=True)
+    class InPlace(ReluToGelu):
+        # Skips the base class's copy and edits the structure it was given.
+        def _operate(self, static, state, timestamp, meta):
+            module = static.module
+            for name in relus(module):
+                owner, _, attribute = name.rpartition(".")
+                setattr(module.get_submodule(owner), attribute, nn.GELU())
+            return static.replace(module=module), state
+
+    @dataclass(frozen=True)
+    class Stacks(ReluToGelu):
+        def targets(self, module):
+            return frozenset({"features"})
+
+        def rewrite(self, module, key):
+            return replace_modules(module, {"features": nn.Sequential(module.features, nn.Identity())})
+
+    return ReluToGelu(), InPlace(), Stacks()
+
+
+def test_surgery_check_passes_a_pure_idempotent_rewrite_and_catches_the_others() -> None:
+    from composer_fn.testing import check_surgery
+
+    pure, in_place, stacks = _relu_surgeries()
+    check_surgery(pure)
+    with pytest.raises(AssertionError, match="given module's structure changed"):
+        check_surgery(in_place)
+    with pytest.raises(AssertionError, match="still claims submodules once applied"):
+        check_surgery(stacks)
+
+
+def test_two_surgeries_that_claim_the_same_module_are_refused_before_training() -> None:
+    from dataclasses import dataclass
+
+    from composer_fn.data import TensorLoader, load_digits_task
+    from composer_fn.models import SmallCNN
+    from composer_fn.optim import sgd
+    from composer_fn.trainer import Trainer
+
+    pure, _, _ = _relu_surgeries()
+
+    @dataclass(frozen=True)
+    class Other(type(pure)):  # type: ignore[misc]
+        pass
+
+    task = load_digits_task()
+    with pytest.raises(ValueError, match="both rewrite submodule 'features.0.2'"):
+        Trainer(
+            SmallCNN(), TensorLoader(task.train, 64), max_duration="1ba", optimizer=sgd(0.1), algorithms=[pure, Other()],
+            progress_bar=False,
+        )

@@ -1,0 +1,253 @@
+"""ALiBi: attention with linear biases in place of position embeddings (Press et al., 2022).
+
+Surgery (at INIT): the model's position embedding is removed (``position_embedding`` becomes None) and every
+attention gets an ``AlibiBias`` in its ``position_bias`` slot, which adds ``-slope_h * |i - j|`` to the score
+of query ``i`` and key ``j`` in head ``h``. The slopes are Press et al.'s: for ``n`` heads, a power of two,
+the geometric sequence ``slope_h = 2 ** (-8 (h + 1) / n)``; for other head counts, the slopes of the closest
+power of two below ``n``, followed by every other slope of the next power of two (their interpolation rule,
+as Composer computes it). The model's ``max_seq_len`` becomes ``max_sequence_length``: nothing position-
+shaped is left, so longer sequences than those trained on are accepted (ALiBi's extrapolation).
+
+The bias is the symmetric form, for causal and bidirectional models alike. Composer builds causal models'
+bias as ``slope_h * j`` instead; for the keys a causal query sees (``j <= i``) the two differ by
+``slope_h * i``, a constant per query, which the softmax cancels: both give the same attention.
+
+Batch reshape (AFTER_DATALOADER, traced, training only): each ``[B, S]`` tensor of the batch becomes
+``[B * S // S', S']`` with ``S' = int(S * train_sequence_length_scaling)``, so a step trains on as many tokens
+in shorter rows (Composer reshapes ``(B, S)`` to ``(B / s, S * s)``). ``S'`` is a shape, chosen on the host:
+``plan_key`` returns it from the coming batch's shape and the hook is specialised to it. Evaluation sees the
+full rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from composer_fn.algorithms._surgery import Surgery, replace_modules
+from composer_fn.algorithms.seq_length_warmup import set_batch_sequence_length
+from composer_fn.core.algorithm import Hook, register
+from composer_fn.core.event import Event
+from composer_fn.core.state import BatchMeta, State, StepCtx
+from composer_fn.core.time import Timestamp
+from composer_fn.models.transformer import protocol_attribute, protocol_blocks
+
+__all__ = [
+    "Alibi",
+    "AlibiBias",
+    "alibi_slopes",
+    "apply_alibi",
+    "scaled_sequence_length",
+    "scale_batch_sequence_length",
+]
+
+
+def alibi_slopes(num_heads: int) -> list[float]:
+    """Returns the ``num_heads`` ALiBi slopes of Press et al., largest first.
+
+    For a power of two ``n``: ``2 ** (-8 (h + 1) / n)`` for ``h = 0 .. n - 1``. Otherwise the slopes of the
+    largest power of two ``p < n`` followed by the first ``n - p`` of every other slope of ``2 p``.
+    """
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"num_heads={num_heads!r} must be an int >= 1")
+    if num_heads & (num_heads - 1) == 0:
+        return [2.0 ** (-8.0 * (head + 1) / num_heads) for head in range(num_heads)]
+    closest = 2 ** math.floor(math.log2(num_heads))
+    return alibi_slopes(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
+
+
+class AlibiBias(nn.Module):
+    """The ALiBi attention bias ``-slope_h * |i - j|`` of shape ``[num_heads, S_query, S_key]``.
+
+    The slopes are a non-persistent buffer (they follow from ``num_heads`` alone), so they move with the
+    model's device and take part in no state dict.
+    """
+
+    slopes: Tensor
+
+    def __init__(self, num_heads: int, *, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.register_buffer(
+            "slopes",
+            torch.tensor(alibi_slopes(num_heads), dtype=torch.float32, device=device),
+            persistent=False,
+        )
+
+    def forward(self, query: Tensor, key: Tensor) -> Tensor:
+        """Returns the bias for queries and keys ``[B, num_heads, S, head_dim]``, in the slopes' dtype."""
+        if query.shape[-3] != self.num_heads:
+            raise ValueError(
+                f"query of shape {tuple(query.shape)} has {query.shape[-3]} heads; this bias was built for "
+                f"num_heads={self.num_heads}"
+            )
+        queries = torch.arange(query.shape[-2], device=query.device)
+        keys = torch.arange(key.shape[-2], device=key.device)
+        distance = (keys[None, :] - queries[:, None]).abs().to(self.slopes.dtype)
+        return -self.slopes[:, None, None] * distance
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}"
+
+
+def _alibi_targets(model: nn.Module) -> frozenset[str]:
+    blocks = protocol_blocks(model)
+    protocol_attribute(model, "max_seq_len", "model")
+    names = set()
+    if protocol_attribute(model, "position_embedding", "model") is not None:
+        names.add("position_embedding")
+    for name, block in blocks:
+        attention = protocol_attribute(block, "attention", f"model.{name}")
+        protocol_attribute(attention, "num_heads", f"model.{name}.attention")
+        bias = protocol_attribute(attention, "position_bias", f"model.{name}.attention")
+        if bias is not None and not isinstance(bias, AlibiBias):
+            raise ValueError(
+                f"model.{name}.attention.position_bias already holds a {type(bias).__name__}; ALiBi would replace "
+                "it. Apply one position bias per model"
+            )
+        if bias is None:
+            names.add(f"{name}.attention.position_bias")
+    return frozenset(names)
+
+
+def apply_alibi(model: nn.Module, max_sequence_length: int) -> nn.Module:
+    """Returns a copy of ``model`` with ALiBi attention biases and no position embedding; ``model`` is untouched.
+
+    ``model`` follows the transformer protocol (``composer_fn.models.transformer``); a model that does not
+    raises a TypeError naming the missing attribute. The copy accepts sequences up to ``max_sequence_length``
+    (its ``max_seq_len``). Applying it to a model that already has ALiBi only sets that length. No parameter
+    is drawn, so no key is needed. Composer's ``apply_alibi`` leaves batches alone too: the shorter training
+    rows are ``scale_batch_sequence_length`` (the ``Alibi`` algorithm does both).
+    """
+    if (
+        isinstance(max_sequence_length, bool)
+        or not isinstance(max_sequence_length, int)
+        or max_sequence_length < 1
+    ):
+        raise ValueError(f"max_sequence_length={max_sequence_length!r} must be an int >= 1")
+    targets = _alibi_targets(model)
+    replacements: dict[str, nn.Module] = {}
+    for name, block in protocol_blocks(model):
+        if f"{name}.attention.position_bias" in targets:
+            attention = protocol_attribute(block, "attention", f"model.{name}")
+            device = next(attention.parameters(), torch.empty(0)).device
+            replacements[f"{name}.attention.position_bias"] = AlibiBias(attention.num_heads, device=device)
+    rewritten = replace_modules(model, replacements)
+    if "position_embedding" in targets:
+        rewritten.register_module("position_embedding", None)
+    # A plain (non-tensor) attribute: nn.Module would store it the same way.
+    object.__setattr__(rewritten, "max_seq_len", max_sequence_length)
+    return rewritten
+
+
+def scaled_sequence_length(
+    batch_size: int, sequence_length: int, train_sequence_length_scaling: float
+) -> int:
+    """Returns ``int(sequence_length * train_sequence_length_scaling)``, the training row length of ALiBi.
+
+    Raises ValueError unless the length is at least 1 and divides the batch's ``batch_size * sequence_length``
+    tokens, so that the reshape keeps every token.
+    """
+    _check_scaling(train_sequence_length_scaling)
+    length = int(sequence_length * train_sequence_length_scaling)
+    tokens = batch_size * sequence_length
+    if length < 1 or tokens % length:
+        raise ValueError(
+            f"train_sequence_length_scaling={train_sequence_length_scaling!r} on a [{batch_size}, {sequence_length}] "
+            f"batch gives rows of {length} tokens, which must be at least 1 and divide its {tokens} tokens; "
+            "choose a scaling whose product with the sequence length is a divisor of the token count"
+        )
+    return length
+
+
+def scale_batch_sequence_length(batch: Any, train_sequence_length_scaling: float) -> Any:
+    """Returns ``batch`` with every ``[B, S]`` tensor reshaped to ``[B * S // S', S']``; ``batch`` is untouched.
+
+    ``S' = scaled_sequence_length(B, S, train_sequence_length_scaling)``. ``batch`` is a mapping, tuple or list
+    of tensors of one shape ``[B, S]`` (inputs and labels); token ``k`` of the flattened batch stays token ``k``
+    in every tensor, so each label stays with its input.
+    """
+    batch_size, sequence_length = _batch_shape(batch)
+    length = scaled_sequence_length(batch_size, sequence_length, train_sequence_length_scaling)
+    return set_batch_sequence_length(batch, length, truncate=False)
+
+
+def _batch_shape(batch: Any) -> tuple[int, int]:
+    items = list(batch.values()) if isinstance(batch, Mapping) else batch
+    if (
+        not isinstance(items, tuple | list)
+        or not items
+        or not isinstance(items[0], Tensor)
+        or items[0].dim() != 2
+    ):
+        raise ValueError(
+            f"batch of type {type(batch).__name__}: expected a mapping, tuple or list whose first item is a "
+            "[batch, sequence] tensor"
+        )
+    batch_size, sequence_length = items[0].shape
+    return int(batch_size), int(sequence_length)
+
+
+def _check_scaling(value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise ValueError(f"train_sequence_length_scaling={value!r} must be a number in (0, 1]")
+
+
+@register
+@dataclass(frozen=True)
+class Alibi(Surgery):
+    """ALiBi surgery at INIT and shorter training rows at AFTER_DATALOADER (Composer's ``Alibi``).
+
+    Args:
+        max_sequence_length: the longest sequence the rewritten model accepts. Composer requires it; the
+            default here is 8192 so that the record can be built without arguments.
+        train_sequence_length_scaling: the training rows' length as a fraction of the batch's (1 keeps it).
+    """
+
+    modality = "tokens"
+
+    max_sequence_length: int = 8192
+    train_sequence_length_scaling: float = 0.25
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.max_sequence_length, bool)
+            or not isinstance(self.max_sequence_length, int)
+            or self.max_sequence_length < 1
+        ):
+            raise ValueError(f"max_sequence_length={self.max_sequence_length!r} must be an int >= 1")
+        _check_scaling(self.train_sequence_length_scaling)
+
+    def targets(self, module: nn.Module) -> frozenset[str]:
+        return _alibi_targets(module)
+
+    def rewrite(self, module: nn.Module, key: Tensor) -> nn.Module:
+        return apply_alibi(module, self.max_sequence_length)
+
+    def plan_key(self, timestamp: Timestamp, meta: BatchMeta | None = None) -> Hashable:
+        if meta is None or len(meta.input_shape) != 2:
+            return None
+        batch_size, sequence_length = meta.input_shape
+        return scaled_sequence_length(batch_size, sequence_length, self.train_sequence_length_scaling)
+
+    def traced_hooks_at(self, plan_key: Hashable) -> Mapping[Event, Hook]:
+        if plan_key is not None and (isinstance(plan_key, bool) or not isinstance(plan_key, int)):
+            raise TypeError(f"plan_key={plan_key!r}: expected the training row length (an int) or None")
+        return {Event.AFTER_DATALOADER: functools.partial(self._reshape, plan_key)}
+
+    def traced_hooks(self) -> Mapping[Event, Hook]:
+        return self.traced_hooks_at(None)
+
+    def _reshape(self, length: int | None, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+        # Without a plan key (a caller that did not describe the batch) the length follows the traced shape.
+        if length is None:
+            return state, ctx.replace(
+                batch=scale_batch_sequence_length(ctx.batch, self.train_sequence_length_scaling)
+            )
+        return state, ctx.replace(batch=set_batch_sequence_length(ctx.batch, length, truncate=False))

@@ -1,0 +1,125 @@
+"""Low-precision LayerNorm: under autocast, layer norms run in the autocast dtype instead of float32.
+
+Under CUDA autocast ``layer_norm`` runs in float32 (it is on autocast's float32 list): bfloat16 activations
+are cast up, normalised, and the float32 result flows on. Under CPU autocast it runs in its input's dtype,
+which in a pre-LayerNorm transformer is the float32 residual stream. ``LPLayerNorm`` (Composer's layer) casts
+its input, weight and bias to the autocast dtype and normalises with autocast turned off, so the layer reads
+and writes the low precision, saving the casts and half of the memory traffic. Outside autocast it is
+``nn.LayerNorm``'s own forward, bit for bit.
+
+Surgery at INIT replaces every ``nn.LayerNorm`` (exactly that class; an ``LPLayerNorm`` is kept, which makes
+the rewrite idempotent) by an ``LPLayerNorm`` with the same shape, epsilon and affine tensors. The default
+passes run it after every other algorithm of an event (``placement = "last"``), so that layer norms other
+surgeries add are converted too. It draws nothing at random.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from composer_fn.algorithms._surgery import Surgery, matching_modules, replace_modules
+from composer_fn.core.algorithm import register
+from composer_fn.core.state import PRECISIONS
+
+__all__ = ["LowPrecisionLayerNorm", "LPLayerNorm", "apply_low_precision_layernorm"]
+
+
+class LPLayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` computed in the autocast dtype under autocast, and exactly as ``nn.LayerNorm`` outside it."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        """Returns the normalised ``input``: in the autocast dtype under autocast, else ``nn.LayerNorm``'s result."""
+        device_type = input.device.type
+        if not torch.is_autocast_enabled(device_type):
+            return super().forward(input)
+        dtype = torch.get_autocast_dtype(device_type)
+        weight = None if self.weight is None else self.weight.to(dtype)
+        bias = None if self.bias is None else self.bias.to(dtype)
+        # With autocast on, layer_norm would be cast back up to float32; off, it runs on what it is given.
+        with torch.autocast(device_type=device_type, enabled=False):
+            return F.layer_norm(input.to(dtype), self.normalized_shape, weight, bias, self.eps)
+
+
+def _low_precision(layer: nn.LayerNorm) -> LPLayerNorm:
+    reference = layer.weight
+    # LayerNorm's own initialisation is ones and zeros: building it draws nothing at random.
+    converted = LPLayerNorm(
+        layer.normalized_shape,
+        eps=layer.eps,
+        elementwise_affine=layer.elementwise_affine,
+        bias=layer.bias is not None,
+        device=None if reference is None else reference.device,
+        dtype=None if reference is None else reference.dtype,
+    )
+    with torch.no_grad():
+        if layer.weight is not None:
+            converted.weight.copy_(layer.weight)
+        if layer.bias is not None:
+            converted.bias.copy_(layer.bias)
+    return converted
+
+
+def _layer_norms(model: nn.Module) -> dict[str, nn.LayerNorm]:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model={type(model).__name__}: expected a torch.nn.Module")
+    names = matching_modules(model, lambda _, module: type(module) is nn.LayerNorm)
+    return {name: model.get_submodule(name) for name in names}  # type: ignore[misc]
+
+
+def _converted(model: nn.Module, layers: dict[str, nn.LayerNorm]) -> nn.Module:
+    return replace_modules(model, {name: _low_precision(layer) for name, layer in layers.items()})
+
+
+def apply_low_precision_layernorm(model: nn.Module, precision: str | None = None) -> nn.Module:
+    """Returns a copy of ``model`` whose ``nn.LayerNorm`` layers are ``LPLayerNorm``; ``model`` is untouched.
+
+    ``precision`` is the precision the model will train in, when known: ``"fp32"`` has no autocast for the
+    layers to follow, so the model is returned unchanged (as a copy) with a warning, as in Composer; None or
+    ``"bf16-mixed"`` convert. Composer converts only for a mixed precision and does nothing when none is
+    given; here the converted layer follows whatever autocast is active when it runs, so converting without
+    knowing the precision is safe. A model without layer norms is returned as a copy with a warning.
+    """
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} must be None or one of {', '.join(PRECISIONS)}")
+    layers = _layer_norms(model)
+    if precision == "fp32":
+        warnings.warn(
+            "apply_low_precision_layernorm(precision='fp32') has no effect: layer norms run in the autocast dtype, "
+            "and fp32 training has no autocast",
+            UserWarning,
+            stacklevel=2,
+        )
+        return replace_modules(model, {})
+    if not layers:
+        warnings.warn(
+            "apply_low_precision_layernorm found no nn.LayerNorm in the model", UserWarning, stacklevel=2
+        )
+    return _converted(model, layers)
+
+
+@register
+@dataclass(frozen=True)
+class LowPrecisionLayerNorm(Surgery):
+    """Runs every ``nn.LayerNorm`` in the autocast dtype (Composer's ``LowPrecisionLayerNorm``).
+
+    The record converts the layers whatever the run's precision: outside autocast (``"fp32"``, evaluation
+    without autocast) ``LPLayerNorm`` computes exactly what ``nn.LayerNorm`` does, and a structure that does not
+    depend on the precision lets a checkpoint resume in another precision. Composer's ``apply_at`` is not
+    offered: surgery runs at INIT, and checkpoints re-apply it before loading (Composer's AFTER_LOAD use).
+    """
+
+    algorithm_name = "low_precision_layernorm"
+    modality = "tokens"
+    placement: ClassVar[Literal["any", "first", "last"]] = "last"
+
+    def targets(self, module: nn.Module) -> frozenset[str]:
+        return frozenset(_layer_norms(module))
+
+    def rewrite(self, module: nn.Module, key: Tensor) -> nn.Module:
+        return _converted(module, _layer_norms(module))
