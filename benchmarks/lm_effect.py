@@ -25,8 +25,8 @@ import time
 
 import torch
 
+import composer_fn.algorithms  # noqa: F401  (registers every algorithm, for --algorithm)
 from composer_fn import optim
-from composer_fn.algorithms import alibi, gated_linear_units, low_precision_layernorm  # noqa: F401  (registers them)
 from composer_fn.algorithms.seq_length_warmup import SeqLengthWarmup
 from composer_fn.core.algorithm import Algorithm, algorithm_from_config
 from composer_fn.core.random import key

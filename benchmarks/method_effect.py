@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
+from _recipe import train_digits
 
-from composer_fn import optim
 from composer_fn.algorithms import (
     EMA,
     SAM,
@@ -45,9 +44,8 @@ from composer_fn.algorithms import (
     SelectiveBackprop,
 )
 from composer_fn.core.algorithm import Algorithm, algorithm_from_config
-from composer_fn.data import TensorLoader, load_digits_task
+from composer_fn.data import load_digits_task
 from composer_fn.models import SmallCNN
-from composer_fn.trainer import Trainer
 
 RAW = "[0,1] pixels"
 """The suffix of configurations trained on unstandardised pixels."""
@@ -84,27 +82,17 @@ def baseline_of(name: str) -> str:
 
 def run(name: str, seed: int, args: argparse.Namespace) -> tuple[float, float]:
     """Returns (held-out accuracy, training wall seconds) of one run of configuration ``name``."""
-    algorithms = CONFIGURATIONS[name]
-    epochs = args.epochs
     task = load_digits_task(upsample=args.upsample, standardize=not name.endswith(RAW))
-    trainer = Trainer(
+    return train_digits(
         SmallCNN(in_channels=1, num_classes=10),
-        TensorLoader(task.train, 64, seed=seed),
-        TensorLoader(task.heldout, 512, shuffle=False),
-        max_duration=f"{epochs}ep",
-        optimizer=optim.sgd(0.1, momentum=0.9, nesterov=True, weight_decay=5e-4),
-        schedule=optim.CosineAnnealingWithWarmupScheduler(t_warmup="1ep"),
-        algorithms=algorithms,
-        seed=seed,
-        eval_interval=f"{epochs}ep",
-        progress_bar=False,
+        task,
+        CONFIGURATIONS[name],
+        seed,
+        args.epochs,
         device=args.device,
         precision=args.precision,
         compile=args.compile,
     )
-    started = time.perf_counter()
-    metrics = trainer.fit()
-    return metrics["eval_accuracy"], time.perf_counter() - started
 
 
 def main() -> None:

@@ -13,7 +13,8 @@ and one fixed set of gradients. Each contender performs the update of one traini
 
 Every contender runs ``--steps`` updates per measurement, in ``--rounds`` rounds that rotate the order; tables
 show the median per-update time and the ratio to torch's foreach path. Target: the Trainer's path ≤ 1.10× torch
-(foreach).
+(foreach). A last table times whole eager training steps on the digits CNN, plain and SAM, ours and by hand in
+torch; target: our SAM step ≤ 2.1× our plain step.
 One intra-op thread by default.
 
     .venv/bin/python benchmarks/optim.py [--threads 1] [--rounds 7] [--steps 10]
@@ -25,14 +26,21 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from _peer import format_table, pin_threads
 
 from composer_fn import optim
+from composer_fn.algorithms import SAM
 from composer_fn.core import random as R
+from composer_fn.core.engine import make_plan
+from composer_fn.core.state import State, Static
+from composer_fn.data import load_digits_task
+from composer_fn.models import SmallCNN
 from composer_fn.optim.base import apply_updates
 from composer_fn.optim.fused import fused_step
+from composer_fn.trainer.step import cross_entropy_loss, make_train_step
 
 
 def parameter_shapes() -> list[tuple[int, ...]]:
@@ -96,6 +104,9 @@ MODES = {
 on copies (nothing given is changed), and ``update`` + ``apply_updates`` (what a compiled step traces)."""
 
 
+SAM_GROUP = "Whole training step, SmallCNN on 64 digits (SGD, momentum 0.9; SAM rho 0.05)"
+
+
 def contenders(grads: dict[str, torch.Tensor]) -> dict[str, dict[str, Contender]]:
     """Returns the contenders of each optimizer, torch's foreach path first."""
     sgd_args = {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}
@@ -117,6 +128,64 @@ def contenders(grads: dict[str, torch.Tensor]) -> dict[str, dict[str, Contender]
     }
 
 
+def sam_contenders() -> dict[str, Contender]:
+    """Returns runners of whole training steps on the digits CNN: ours plain and SAM, torch by hand plain and SAM.
+
+    Ours are the eager Trainer's step functions (``make_train_step`` with the trainer's donation). The hand
+    loops use ``torch.optim.SGD`` (foreach); the hand SAM step is the two-pass reference: backward, perturb by
+    ``rho · g / ||g||``, backward again, restore, step.
+    """
+    task = load_digits_task()
+    images, labels = task.train[0][:64].contiguous(), task.train[1][:64].contiguous()
+    tx = optim.sgd(0.1, momentum=0.9)
+    runners: dict[str, Contender] = {}
+    for name, algorithms in (("ours, plain step", ()), ("ours, SAM step", (SAM(),))):
+        model = SmallCNN(1, 10)
+        static = Static(module=model)
+        state = State(
+            params={n: p.detach().clone() for n, p in model.named_parameters()},
+            buffers={n: b.detach().clone() for n, b in model.named_buffers()},
+            opt=None, algos={}, hparams={}, step=torch.zeros((), dtype=torch.int64), key=R.key(0),
+        )  # fmt: skip
+        plan = make_plan(algorithms)
+        state = state.replace(opt=tx.init(state.params), algos={a.name: a.init(static, state) for a in algorithms})
+        step = make_train_step(static, plan, cross_entropy_loss(), tx, donate=True)
+        holder = {"state": state}
+
+        def run(steps: int, step: Any = step, holder: dict[str, State] = holder) -> None:
+            for _ in range(steps):
+                holder["state"], _ = step(holder["state"], (images, labels))
+
+        runners[name] = run
+    for name, sharpness in (("torch by hand, plain step", False), ("torch by hand, SAM step", True)):
+        runners[name] = _hand_step(images, labels, sharpness)
+    return runners
+
+
+def _hand_step(images: torch.Tensor, labels: torch.Tensor, sharpness: bool) -> Contender:
+    model = SmallCNN(1, 10)
+    parameters = list(model.parameters())
+    optimizer = torch.optim.SGD(parameters, lr=0.1, momentum=0.9, foreach=True)
+
+    def run(steps: int) -> None:
+        for _ in range(steps):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(images), labels).backward()
+            if sharpness:
+                grads = [p.grad for p in parameters]
+                norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+                shifts = torch._foreach_mul(grads, 0.05 / (float(norm) + 1e-12))
+                with torch.no_grad():
+                    torch._foreach_add_(parameters, shifts)
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(images), labels).backward()
+                with torch.no_grad():
+                    torch._foreach_sub_(parameters, shifts)
+            optimizer.step()
+
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
@@ -126,7 +195,7 @@ def main() -> None:
     pin_threads(args.threads)
     grads = tensors(10_000)
     count = sum(g.numel() for g in grads.values())
-    groups = contenders(grads)
+    groups = {**contenders(grads), SAM_GROUP: sam_contenders()}
     samples: dict[tuple[str, str], list[float]] = {}
     for round_index in range(args.rounds):
         for group, runners in groups.items():
@@ -154,6 +223,12 @@ def main() -> None:
             if name.startswith("ours, eager Trainer"):
                 ratio = statistics.median(samples[(group, name)]) / baseline
                 print(f"  target ≤ 1.10× torch foreach: {ratio:.2f}× ({'met' if ratio <= 1.10 else 'NOT met'})")
+    sam, plain = (statistics.median(samples[(SAM_GROUP, n)]) for n in ("ours, SAM step", "ours, plain step"))
+    by_hand = statistics.median(samples[(SAM_GROUP, "torch by hand, SAM step")]) / statistics.median(
+        samples[(SAM_GROUP, "torch by hand, plain step")]
+    )
+    verdict = "met" if sam / plain <= 2.1 else "NOT met"
+    print(f"  SAM step / plain step: ours {sam / plain:.2f}× (target ≤ 2.1×: {verdict}), torch by hand {by_hand:.2f}×")
 
 
 if __name__ == "__main__":

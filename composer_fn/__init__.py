@@ -11,20 +11,28 @@ from composer_fn.algorithms import (
     SWA,
     Alibi,
     AugMix,
+    BlurPool,
     ChannelsLast,
     ColOut,
     CutMix,
     CutOut,
+    Factorize,
     GatedLinearUnits,
+    GhostBatchNorm,
     GradientClipping,
+    GyroDropout,
     LabelSmoothing,
     LayerFreezing,
+    LowPrecisionGroupNorm,
     LowPrecisionLayerNorm,
     MixUp,
     ProgressiveResizing,
     RandAugment,
     SelectiveBackprop,
     SeqLengthWarmup,
+    SqueezeExcite,
+    StochasticDepth,
+    WeightStandardization,
 )
 from composer_fn.core import random
 from composer_fn.core.algorithm import Algorithm
@@ -35,6 +43,14 @@ from composer_fn.core.time import Time, Timestamp, TimeUnit
 from composer_fn.trainer import Trainer
 
 __all__ = [
+    "BlurPool",
+    "SqueezeExcite",
+    "StochasticDepth",
+    "Factorize",
+    "GhostBatchNorm",
+    "GyroDropout",
+    "LowPrecisionGroupNorm",
+    "WeightStandardization",
     "Alibi",
     "GatedLinearUnits",
     "LowPrecisionLayerNorm",

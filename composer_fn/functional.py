@@ -13,6 +13,7 @@ from composer_fn.algorithms.augmix import (
     augmix_image,
     augmix_params,
 )
+from composer_fn.algorithms.blurpool import apply_blurpool, blur_2d, blurmax_pool2d
 from composer_fn.algorithms.channels_last import apply_channels_last, channels_last_tensors
 from composer_fn.algorithms.colout import ColOutParams, colout_apply, colout_batch, colout_params
 from composer_fn.algorithms.cutmix import (
@@ -24,10 +25,19 @@ from composer_fn.algorithms.cutmix import (
 )
 from composer_fn.algorithms.cutout import CutOutParams, cutout_apply, cutout_batch, cutout_params
 from composer_fn.algorithms.ema import compute_ema, ema_update
+from composer_fn.algorithms.factorize import (
+    LowRankSolution,
+    apply_factorization,
+    factorize_conv2d,
+    factorize_matrix,
+)
 from composer_fn.algorithms.gated_linear_units import apply_gated_linear_units, feed_forward_parameter_change
+from composer_fn.algorithms.ghost_batchnorm import apply_ghost_batchnorm
 from composer_fn.algorithms.gradient_clipping import apply_gradient_clipping
+from composer_fn.algorithms.gyro_dropout import apply_gyro_dropout, gyro_dropout_masks
 from composer_fn.algorithms.label_smoothing import smooth_labels
 from composer_fn.algorithms.layer_freezing import freezable_layers, freeze_layers, freeze_schedule
+from composer_fn.algorithms.low_precision_groupnorm import apply_low_precision_groupnorm
 from composer_fn.algorithms.low_precision_layernorm import apply_low_precision_layernorm
 from composer_fn.algorithms.mixup import MixUpParams, mixup_apply, mixup_batch, mixup_params, mixup_targets
 from composer_fn.algorithms.progressive_resizing import (
@@ -54,9 +64,29 @@ from composer_fn.algorithms.selective_backprop import (
     should_selective_backprop,
 )
 from composer_fn.algorithms.seq_length_warmup import set_batch_sequence_length, warmup_sequence_length
+from composer_fn.algorithms.squeeze_excite import apply_squeeze_excite
+from composer_fn.algorithms.stochastic_depth import apply_stochastic_depth, drop_rates, warmup_factor
 from composer_fn.algorithms.swa import recompute_batchnorm, swa_update
+from composer_fn.algorithms.weight_standardization import apply_weight_standardization, standardize_weight
 
 __all__ = [
+    "apply_blurpool",
+    "blur_2d",
+    "blurmax_pool2d",
+    "apply_squeeze_excite",
+    "apply_stochastic_depth",
+    "drop_rates",
+    "warmup_factor",
+    "LowRankSolution",
+    "apply_factorization",
+    "factorize_conv2d",
+    "factorize_matrix",
+    "apply_ghost_batchnorm",
+    "apply_gyro_dropout",
+    "gyro_dropout_masks",
+    "apply_low_precision_groupnorm",
+    "apply_weight_standardization",
+    "standardize_weight",
     "alibi_slopes",
     "apply_alibi",
     "scale_batch_sequence_length",

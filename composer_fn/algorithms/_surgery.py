@@ -114,6 +114,10 @@ class Surgery(Algorithm):
         """Returns the rewritten model, a new module; ``module`` is untouched. New layers draw from ``key``."""
         raise NotImplementedError
 
+    def rewrite_at(self, module: nn.Module, key: Tensor, timestamp: Timestamp) -> nn.Module:
+        """Returns ``rewrite(module, key)``; a surgery whose layers depend on the run (its length) overrides this."""
+        return self.rewrite(module, key)
+
     def surgery_targets(self, module: object) -> frozenset[str]:
         if not isinstance(module, nn.Module):
             return frozenset()
@@ -127,7 +131,7 @@ class Surgery(Algorithm):
     ) -> tuple[Static, State]:
         current = module_with_tensors(static.module, state.params, state.buffers)
         with torch.no_grad():
-            rewritten = self.rewrite(current, surgery_key(state.key, self.name))
+            rewritten = self.rewrite_at(current, surgery_key(state.key, self.name), timestamp)
         rewritten = rewritten.to(static.device)
         params, buffers = module_tensors(rewritten)
         return static.replace(module=rewritten), state.replace(params=params, buffers=buffers)

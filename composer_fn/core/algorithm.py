@@ -103,6 +103,15 @@ class Algorithm:
         """
         return cls()
 
+    @classmethod
+    def check_model(cls) -> Any:
+        """Returns the model the contract suite checks it on (images ``[B, 3, 8, 8]``, 4 classes), or None.
+
+        None (most algorithms) means the suite's model for its modality; a surgery on layers that model lacks
+        (GroupNorm, dropout) returns one that has them.
+        """
+        return None
+
     @property
     def name(self) -> str:
         """Returns the key of this algorithm's entry in ``State.algos`` and in traces."""

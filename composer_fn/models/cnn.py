@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
 from composer_fn.core.random import key
 from composer_fn.models._build import materialise
+from composer_fn.models.keyed import KeyedDropout
 
 __all__ = ["SmallCNN"]
 
 
-def _conv_block(in_channels: int, out_channels: int, stride: int) -> nn.Sequential:
-    # The convolution has no bias: the BatchNorm that follows would cancel it.
+def _conv_block(in_channels: int, out_channels: int, stride: int, norm: str) -> nn.Sequential:
+    # The convolution has no bias: the normalisation that follows would cancel it.
+    normalisation = (
+        nn.BatchNorm2d(out_channels) if norm == "batch" else nn.GroupNorm(math.gcd(8, out_channels), out_channels)
+    )
     return nn.Sequential(
         nn.Conv2d(in_channels, out_channels, kernel_size=3, stride=stride, padding=1, bias=False),
-        nn.BatchNorm2d(out_channels),
+        normalisation,
         nn.ReLU(),
     )
 
@@ -26,24 +32,32 @@ class SmallCNN(nn.Module):
     The blocks have ``width``, ``2 * width`` (stride 2) and ``2 * width`` channels, so an 8×8 input is
     pooled from a 4×4 map. Trained with SGD it reaches about 98% held-out accuracy on the digits task in
     ten epochs. The parameters start as ``init_parameters(model, key(0))``, without touching the global
-    random state; draw other values with ``init_parameters(model, key(seed))``.
+    random state; draw other values with ``init_parameters(model, key(seed))``. ``norm="group"`` puts GroupNorm
+    (``gcd(8, channels)`` groups) where BatchNorm is; ``dropout > 0`` a ``KeyedDropout`` before the head.
     """
 
-    def __init__(self, in_channels: int = 1, num_classes: int = 10, width: int = 32) -> None:
+    def __init__(
+        self, in_channels: int = 1, num_classes: int = 10, width: int = 32, norm: str = "batch", dropout: float = 0.0
+    ) -> None:
         super().__init__()
         for name, value in (("in_channels", in_channels), ("num_classes", num_classes), ("width", width)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} must be an int >= 1")
+        if norm not in ("batch", "group"):
+            raise ValueError(f"norm={norm!r} must be 'batch' (BatchNorm2d) or 'group' (GroupNorm, up to 8 groups)")
+        if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout={dropout!r} must be a probability in [0, 1)")
         with torch.device("meta"):
             self.features = nn.Sequential(
-                _conv_block(in_channels, width, stride=1),
-                _conv_block(width, 2 * width, stride=2),
-                _conv_block(2 * width, 2 * width, stride=1),
+                _conv_block(in_channels, width, stride=1, norm=norm),
+                _conv_block(width, 2 * width, stride=2, norm=norm),
+                _conv_block(2 * width, 2 * width, stride=1, norm=norm),
             )
             self.pool = nn.AdaptiveAvgPool2d(1)
+            self.dropout = KeyedDropout(dropout) if dropout > 0 else nn.Identity()
             self.head = nn.Linear(2 * width, num_classes)
         materialise(self, key(0))
 
     def forward(self, images: Tensor) -> Tensor:
         """Returns class logits ``[N, num_classes]`` for images ``[N, in_channels, H, W]``."""
-        return self.head(self.pool(self.features(images)).flatten(1))
+        return self.head(self.dropout(self.pool(self.features(images)).flatten(1)))

@@ -10,11 +10,12 @@ that value, and layers whose draws matter only in training mode ignore it.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from composer_fn.core import random as R
 
-__all__ = ["FORWARD_KEY", "register_forward_key", "forward_key_names", "forward_keys"]
+__all__ = ["FORWARD_KEY", "KeyedDropout", "register_forward_key", "forward_key_names", "forward_keys"]
 
 FORWARD_KEY = "forward_key"
 """The buffer name the training step fills with a per-step, per-layer key."""
@@ -33,3 +34,30 @@ def forward_key_names(module: nn.Module) -> tuple[str, ...]:
 def forward_keys(names: tuple[str, ...], step_key: Tensor) -> dict[str, Tensor]:
     """Returns the key each named ``forward_key`` buffer holds for one forward under ``step_key``."""
     return {name: R.fold_in(step_key, R.name_to_int(name)) for name in names}
+
+
+class KeyedDropout(nn.Dropout):
+    """``nn.Dropout`` whose mask comes from its ``forward_key`` buffer instead of the global generator.
+
+    In training, each element is kept with probability ``1 - p`` and scaled by ``1 / (1 - p)``; the keep mask
+    is ``uniform(forward_key, input.shape) >= p``. The training step fills ``forward_key`` with a fresh key
+    each step (``composer_fn.models.keyed``); a plain call sees the stored key, so repeated calls draw the same
+    mask. In evaluation it is the identity.
+    """
+
+    forward_key: Tensor
+
+    def __init__(self, p: float = 0.5) -> None:
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"p={p!r} must be a probability in [0, 1]")
+        super().__init__(float(p))
+        register_forward_key(self)
+
+    def forward(self, input: Tensor) -> Tensor:
+        """Returns ``input`` with elements zeroed with probability ``p`` and the rest scaled (training only)."""
+        if not self.training or self.p == 0.0:
+            return input
+        if self.p == 1.0:
+            return torch.zeros_like(input)
+        keep = R.uniform(self.forward_key, tuple(input.shape)) >= self.p
+        return input * keep.to(input.dtype) * (1.0 / (1.0 - self.p))

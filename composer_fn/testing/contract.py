@@ -100,18 +100,21 @@ def make_setup(
     sequence_length: int = 32,
     steps: int = 3,
     modality: str | None = None,
+    model: nn.Module | None = None,
 ) -> Setup:
     """Returns a set-up with INIT already run, for the algorithms' ``modality``.
 
-    Images: a width-8 SmallCNN on keyed ``[B, 3, image_size, image_size]`` images and ``num_classes`` classes.
+    Images: a width-8 SmallCNN (or the first ``check_model()`` an algorithm gives) on keyed
+    ``[B, 3, image_size, image_size]`` images and ``num_classes`` classes.
     Tokens: a one-block CausalLM over 16 symbols on keyed ``[B, sequence_length]`` token rows with next-token
     labels. Both train with SGD with momentum; the run's ``max_duration`` is ``steps`` batches. ``seed`` draws the
     model and the data; ``key_seed`` (default ``seed``) is the root of the algorithms' random draws.
-    ``modality`` overrides the one the algorithms declare (for a set-up without algorithms).
+    ``modality`` overrides the one the algorithms declare (for a set-up without algorithms); ``model`` the image
+    model.
     """
     modality = modality or _modality(algorithms)
     data_key = R.fold_in(R.key(seed), 0xDA7A)
-    model: nn.Module
+    given = model
     if modality == "tokens":
         from composer_fn.models.lm import CausalLM, causal_lm_loss
 
@@ -121,7 +124,8 @@ def make_setup(
         batches: tuple[Any, ...] = tuple((row[:, :-1].clone(), row[:, 1:].clone()) for row in rows)
         loss_fn = causal_lm_loss()
     else:
-        model = SmallCNN(in_channels=3, num_classes=num_classes, width=8)
+        chosen = given or next((m for m in (type(a).check_model() for a in algorithms) if m is not None), None)
+        model = chosen if chosen is not None else SmallCNN(in_channels=3, num_classes=num_classes, width=8)
         init = init_parameters(model, R.key(seed))
         batches = tuple(
             (
@@ -322,7 +326,7 @@ def check_surgery(algorithm: Algorithm, *, seed: int = 0) -> None:
     """
     if not algorithm.rewrites_model:
         return
-    plain = make_setup([], seed=seed, modality=algorithm.modality)
+    plain = make_setup([], seed=seed, modality=algorithm.modality, model=type(algorithm).check_model())
     module = plain.static.module
     assert algorithm.surgery_targets(module), f"{algorithm.name}: claims no submodule of the suite's model"
     before = _module_snapshot(module)

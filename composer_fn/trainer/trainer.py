@@ -416,7 +416,9 @@ class Trainer:
                 if self.timestamp.batch_in_epoch == 0:
                     self._host_event(Event.EPOCH_START, plan)
                 epoch_began_at = self.timestamp.batch
-                for raw in self._batches():
+                # A checkpoint taken after an epoch's last batch resumes straight into that epoch's end.
+                finished = self.timestamp.batch_in_epoch >= self.steps_per_epoch
+                for raw in () if finished else self._batches():
                     meta, tokens = _batch_meta(raw, self.input_key)
                     size = meta.batch_size
                     plan = self._plan(self.timestamp, meta)
@@ -460,7 +462,7 @@ class Trainer:
                         break
                 if self.timestamp.batch_in_epoch < self.steps_per_epoch and self.timestamp.batch >= self.max_steps:
                     break
-                if self.timestamp.batch == epoch_began_at:
+                if self.timestamp.batch == epoch_began_at and not finished:
                     raise ValueError(
                         f"train_dataloader yielded no batch in epoch {self.timestamp.epoch} although its length is "
                         f"{self.steps_per_epoch}"

@@ -64,6 +64,20 @@ def test_resuming_from_a_mid_epoch_checkpoint_equals_the_uninterrupted_run(tmp_p
     )
 
 
+def test_resuming_from_a_checkpoint_after_an_epochs_last_batch_equals_the_uninterrupted_run(tmp_path: Path) -> None:
+    steps_per_epoch = len(_digits()[0])
+    uninterrupted = _trainer(save_folder=tmp_path / "a", save_interval=f"{steps_per_epoch}ba")
+    uninterrupted.fit()
+    checkpoint = tmp_path / "a" / f"ep0-ba{steps_per_epoch}.pt"
+    assert checkpoint.is_file()
+    resumed = _trainer(load_path=checkpoint)
+    assert resumed.timestamp.epoch == 0 and resumed.timestamp.batch_in_epoch == steps_per_epoch
+    resumed.fit()
+    finished, again = pytree.tree_leaves(uninterrupted.state), pytree.tree_leaves(resumed.state)
+    assert all(torch.equal(a, b) for a, b in zip(finished, again, strict=True))
+    assert resumed.timestamp.batch == uninterrupted.timestamp.batch
+
+
 def test_a_checkpoint_from_other_algorithms_is_refused_with_both_lists(tmp_path: Path) -> None:
     trainer = _trainer(algorithms=[MixUp()], max_duration="1ba", save_folder=tmp_path)
     trainer.fit()

@@ -1,0 +1,160 @@
+"""GhostBatchNorm: batch normalization over chunks of the batch (Hoffer et al., 2017, "ghost batches").
+
+In training, ``GhostBatchNorm{1,2,3}d`` splits the batch along dim 0 into ``ceil(B / ghost_batch_size)``
+chunks (``Tensor.chunk``, so the chunks have ``ceil(B / chunks)`` samples and the last may have fewer) and
+normalizes each with its own mean and variance, as Composer does. The running statistics are updated once
+per chunk, in order, with the momentum divided by the number of chunks, so that a step moves them about as
+far as one BatchNorm update would; ``num_batches_tracked`` advances by the number of chunks. With a single
+chunk this is exactly ``BatchNorm``. In evaluation the whole batch is normalized with the running statistics,
+which is what normalizing each chunk with them gives (a layer without running statistics normalizes each
+chunk with its own, in evaluation too).
+
+Differences from Composer: a batch of at most ``ghost_batch_size`` samples (the last, smaller batch of an
+epoch, or an evaluation batch) is normalized as one chunk, where Composer raises ``ValueError``; with
+``momentum=None`` (a cumulative average) each chunk counts as one batch, where Composer fails. The layers are
+subclasses of ``BatchNorm{1,2,3}d`` with the same parameters and buffers, not wrappers around one, so the
+tensors keep their names.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from composer_fn.algorithms._surgery import Surgery, matching_modules, replace_modules
+from composer_fn.core.algorithm import register
+
+__all__ = [
+    "GhostBatchNorm",
+    "GhostBatchNorm1d",
+    "GhostBatchNorm2d",
+    "GhostBatchNorm3d",
+    "apply_ghost_batchnorm",
+    "ghost_batchnorm_from",
+]
+
+
+class _GhostBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """Batch normalization of chunks of ``ghost_batch_size`` samples in training (see the module docstring)."""
+
+    def __init__(self, num_features: int, *args: Any, ghost_batch_size: int = 32, **kwargs: Any) -> None:
+        """Takes BatchNorm's arguments, and ``ghost_batch_size`` by keyword."""
+        _check_ghost_batch_size(ghost_batch_size)
+        super().__init__(num_features, *args, **kwargs)
+        self.ghost_batch_size = ghost_batch_size
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, ghost_batch_size={self.ghost_batch_size}"
+
+    def forward(self, input: Tensor) -> Tensor:
+        """Returns ``input`` normalized chunk by chunk in training, with the running statistics in evaluation."""
+        self._check_input_dim(input)
+        count = math.ceil(input.shape[0] / self.ghost_batch_size)
+        tracking = self.running_mean is not None and self.running_var is not None
+        if count <= 1 or (tracking and not self.training):
+            return super().forward(input)
+        chunks = input.chunk(count, dim=0)
+        updating = tracking and self.training
+        momentum = None if self.momentum is None else self.momentum / len(chunks)
+        normalized = []
+        for chunk in chunks:
+            factor = 0.0
+            if updating and self.num_batches_tracked is not None:
+                self.num_batches_tracked.add_(1)
+                # BatchNorm's cumulative average when momentum is None: this chunk weighs 1 / (batches seen).
+                factor = 1.0 / float(self.num_batches_tracked) if momentum is None else momentum
+            normalized.append(
+                F.batch_norm(
+                    chunk,
+                    self.running_mean if updating else None,
+                    self.running_var if updating else None,
+                    self.weight,
+                    self.bias,
+                    True,
+                    factor,
+                    self.eps,
+                )
+            )
+        return torch.cat(normalized, dim=0)
+
+
+class GhostBatchNorm1d(_GhostBatchNorm, nn.BatchNorm1d):
+    """``BatchNorm1d`` over chunks of ``ghost_batch_size`` samples in training."""
+
+
+class GhostBatchNorm2d(_GhostBatchNorm, nn.BatchNorm2d):
+    """``BatchNorm2d`` over chunks of ``ghost_batch_size`` samples in training."""
+
+
+class GhostBatchNorm3d(_GhostBatchNorm, nn.BatchNorm3d):
+    """``BatchNorm3d`` over chunks of ``ghost_batch_size`` samples in training."""
+
+
+_GHOSTS: dict[type[nn.Module], type[_GhostBatchNorm]] = {
+    nn.BatchNorm1d: GhostBatchNorm1d,
+    nn.BatchNorm2d: GhostBatchNorm2d,
+    nn.BatchNorm3d: GhostBatchNorm3d,
+}
+
+
+def _check_ghost_batch_size(ghost_batch_size: object) -> None:
+    if isinstance(ghost_batch_size, bool) or not isinstance(ghost_batch_size, int) or ghost_batch_size < 1:
+        raise ValueError(f"ghost_batch_size={ghost_batch_size!r} must be an int >= 1")
+
+
+def ghost_batchnorm_from(batchnorm: nn.Module, ghost_batch_size: int = 32) -> nn.Module:
+    """Returns the ghost version of a ``BatchNorm{1,2,3}d`` with copies of its tensors; the input is untouched."""
+    cls = _GHOSTS.get(type(batchnorm))
+    if cls is None:
+        raise TypeError(f"batchnorm={type(batchnorm).__name__} must be a torch.nn.BatchNorm1d, 2d or 3d")
+    # A re-classed copy keeps every setting and tensor of the layer, including those only some PyTorch
+    # versions have (the ``bias`` flag); the subclass adds nothing but ``ghost_batch_size``.
+    ghost = copy.deepcopy(batchnorm)
+    ghost.__class__ = cls
+    assert isinstance(ghost, _GhostBatchNorm)
+    ghost.ghost_batch_size = ghost_batch_size
+    return ghost
+
+
+def _targets(module: nn.Module) -> list[str]:
+    return list(matching_modules(module, lambda _, m: type(m) in _GHOSTS))
+
+
+def apply_ghost_batchnorm(model: nn.Module, ghost_batch_size: int = 32) -> nn.Module:
+    """Returns a copy of ``model`` whose ``BatchNorm{1,2,3}d`` layers are ghost batch norms; ``model`` is untouched."""
+    _check_ghost_batch_size(ghost_batch_size)
+    replacements = {
+        name: ghost_batchnorm_from(model.get_submodule(name), ghost_batch_size) for name in _targets(model)
+    }
+    return replace_modules(model, replacements)
+
+
+@register
+@dataclass(frozen=True)
+class GhostBatchNorm(Surgery):
+    """Replaces ``BatchNorm{1,2,3}d`` by ghost batch norms at INIT (Composer's ``GhostBatchNorm``)."""
+
+    algorithm_name = "ghost_batchnorm"
+
+    ghost_batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        _check_ghost_batch_size(self.ghost_batch_size)
+
+    @classmethod
+    def for_checks(cls) -> GhostBatchNorm:
+        """Returns ghost batches of 3, so that the contract suite's batches of 8 are normalized in 3 chunks."""
+        return cls(ghost_batch_size=3)
+
+    def targets(self, module: nn.Module) -> frozenset[str]:
+        return frozenset(_targets(module))
+
+    def rewrite(self, module: nn.Module, key: Tensor) -> nn.Module:
+        # The new layers keep the existing parameters and statistics: nothing is drawn, so the key is not used.
+        return apply_ghost_batchnorm(module, self.ghost_batch_size)

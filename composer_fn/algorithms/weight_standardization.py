@@ -1,0 +1,186 @@
+"""WeightStandardization: convolutions use their weight standardized per output channel (Qiao et al., 2019).
+
+Each output channel's filter is shifted and scaled to mean 0 and variance 1 (population variance, with
+Composer's ``1e-10`` under the square root) before the convolution, on every forward: the stored weight stays
+as trained and the gradient flows through the standardization. Composer registers a
+``torch.nn.utils.parametrize`` hook on each convolution's weight; here the convolution is replaced by
+``WSConv1d``/``WSConv2d``/``WSConv3d``, subclasses whose forward standardizes the weight it is given, so
+``functional_call`` and ``torch.compile`` see an ordinary module with an ordinary ``weight`` parameter (same
+names, same values).
+
+``n_last_layers_ignore`` leaves the last convolutions alone, in the order the model calls them when
+``torch.fx`` can trace it, in the order they were registered otherwise (Composer's rule).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from composer_fn.algorithms._surgery import Surgery, replace_modules
+from composer_fn.core.algorithm import register
+
+__all__ = [
+    "WSConv1d",
+    "WSConv2d",
+    "WSConv3d",
+    "WeightStandardization",
+    "apply_weight_standardization",
+    "convolutions_in_order",
+    "standardized_conv",
+    "standardize_weight",
+]
+
+EPSILON = 1e-10
+"""Added to each filter's variance before the square root (Composer's value)."""
+
+
+def standardize_weight(weight: Tensor) -> Tensor:
+    """Returns ``weight`` with each output channel (dim 0) shifted and scaled to mean 0 and variance 1."""
+    dims = tuple(range(1, weight.dim()))
+    variance, mean = torch.var_mean(weight, dim=dims, keepdim=True, correction=0)
+    return (weight - mean) / torch.sqrt(variance + EPSILON)
+
+
+class WSConv1d(nn.Conv1d):
+    """A ``Conv1d`` that convolves with its standardized weight (``standardize_weight``)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        """Returns the convolution of ``input`` with the standardized weight."""
+        return self._conv_forward(input, standardize_weight(self.weight), self.bias)
+
+
+class WSConv2d(nn.Conv2d):
+    """A ``Conv2d`` that convolves with its standardized weight (``standardize_weight``)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        """Returns the convolution of ``input`` with the standardized weight."""
+        return self._conv_forward(input, standardize_weight(self.weight), self.bias)
+
+
+class WSConv3d(nn.Conv3d):
+    """A ``Conv3d`` that convolves with its standardized weight (``standardize_weight``)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        """Returns the convolution of ``input`` with the standardized weight."""
+        return self._conv_forward(input, standardize_weight(self.weight), self.bias)
+
+
+_STANDARDIZED: dict[type[nn.Module], type[nn.Module]] = {
+    nn.Conv1d: WSConv1d,
+    nn.Conv2d: WSConv2d,
+    nn.Conv3d: WSConv3d,
+}
+_CONVOLUTIONS = (*_STANDARDIZED, *_STANDARDIZED.values())
+
+
+def standardized_conv(conv: nn.Conv1d | nn.Conv2d | nn.Conv3d) -> nn.Module:
+    """Returns a ``WSConv*d`` with ``conv``'s settings and copies of its tensors; ``conv`` is untouched."""
+    cls = _STANDARDIZED.get(type(conv))
+    if cls is None:
+        raise TypeError(f"conv={type(conv).__name__} must be a torch.nn.Conv1d, Conv2d or Conv3d")
+    with torch.device("meta"):
+        new = cls(
+            conv.in_channels,
+            conv.out_channels,
+            conv.kernel_size,
+            stride=conv.stride,
+            padding=conv.padding,
+            dilation=conv.dilation,
+            groups=conv.groups,
+            bias=conv.bias is not None,
+            padding_mode=conv.padding_mode,
+        )
+    new.weight = nn.Parameter(conv.weight.detach().clone(), requires_grad=conv.weight.requires_grad)
+    if conv.bias is not None:
+        new.bias = nn.Parameter(conv.bias.detach().clone(), requires_grad=conv.bias.requires_grad)
+    return new
+
+
+class _ConvolutionsAsLeaves(torch.fx.Tracer):
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        # Standardized convolutions must show up as calls, like the plain ones, to be counted in order; a
+        # module without submodules holds no convolution, so its forward (which fx may not trace) is skipped.
+        return (
+            isinstance(m, _CONVOLUTIONS)
+            or not any(True for _ in m.children())
+            or super().is_leaf_module(m, module_qualified_name)
+        )
+
+
+def convolutions_in_order(module: nn.Module) -> list[str]:
+    """Returns the qualified names of ``module``'s convolutions (standardized or not), in calling order.
+
+    The order is that of a ``torch.fx`` trace, keeping the convolutions the trace calls; when ``module``
+    cannot be traced, all of them in registration order.
+    """
+    return _ordered(module)[0]
+
+
+def _ordered(module: nn.Module) -> tuple[list[str], bool]:
+    registered = [name for name, m in module.named_modules() if name and isinstance(m, _CONVOLUTIONS)]
+    try:
+        graph = _ConvolutionsAsLeaves().trace(module)
+    except Exception:
+        # Any model fx cannot trace (data-dependent control flow, unsupported ops) falls back, as Composer does.
+        return registered, False
+    called = [str(node.target) for node in graph.nodes if node.op == "call_module"]
+    known = set(registered)
+    return list(dict.fromkeys(name for name in called if name in known)), True
+
+
+def _targets(module: nn.Module, n_last_layers_ignore: int) -> list[str]:
+    ordered, traced = _ordered(module)
+    if n_last_layers_ignore > 0 and not traced:
+        warnings.warn(
+            "torch.fx could not trace the model: the convolutions left plain by "
+            f"n_last_layers_ignore={n_last_layers_ignore} are the last registered, which may not be the last called",
+            stacklevel=3,
+        )
+    chosen = ordered[: max(len(ordered) - n_last_layers_ignore, 0)]
+    return [name for name in chosen if type(module.get_submodule(name)) in _STANDARDIZED]
+
+
+def _check_ignore(n_last_layers_ignore: object) -> None:
+    if (
+        isinstance(n_last_layers_ignore, bool)
+        or not isinstance(n_last_layers_ignore, int)
+        or n_last_layers_ignore < 0
+    ):
+        raise ValueError(f"n_last_layers_ignore={n_last_layers_ignore!r} must be an int >= 0")
+
+
+def _standardized(module: nn.Module, names: list[str]) -> nn.Module:
+    replacements = {name: standardized_conv(module.get_submodule(name)) for name in names}  # type: ignore[arg-type]
+    return replace_modules(module, replacements)
+
+
+def apply_weight_standardization(module: nn.Module, n_last_layers_ignore: int = 0) -> nn.Module:
+    """Returns a copy of ``module`` whose convolutions standardize their weights; ``module`` is untouched.
+
+    The last ``n_last_layers_ignore`` convolutions (in calling order) stay plain. Composer's function edits the
+    module in place and returns the count; count the ``WSConv*d`` modules of the result instead.
+    """
+    _check_ignore(n_last_layers_ignore)
+    return _standardized(module, _targets(module, n_last_layers_ignore))
+
+
+@register
+@dataclass(frozen=True)
+class WeightStandardization(Surgery):
+    """Standardizes the weights of convolutions at INIT (Composer's ``WeightStandardization``)."""
+
+    n_last_layers_ignore: int = 0
+
+    def __post_init__(self) -> None:
+        _check_ignore(self.n_last_layers_ignore)
+
+    def targets(self, module: nn.Module) -> frozenset[str]:
+        return frozenset(_targets(module, self.n_last_layers_ignore))
+
+    def rewrite(self, module: nn.Module, key: Tensor) -> nn.Module:
+        # The standardized convolutions keep the existing weights: nothing is drawn, so the key is not used.
+        return _standardized(module, _targets(module, self.n_last_layers_ignore))
