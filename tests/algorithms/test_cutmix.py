@@ -336,9 +336,10 @@ def test_length_sets_the_box_sides_as_a_fraction_of_height_and_width() -> None:
     assert bool((rows[inside] == 4).all())
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.uint8])
-def test_a_batch_beyond_the_caches_is_pasted_like_a_small_one(dtype) -> None:
-    # 10.5 MB of float32 takes the one-pass select; uint8 at the same shape stays below the threshold.
-    x = _images(5, 5, 512, 512, dtype)
-    params = cutmix_params(R.key(5), 5, 512, 512, alpha=1.0, per_sample=True)
+@pytest.mark.parametrize(("dtype", "side"), [(torch.float32, 512), (torch.uint8, 1024), (torch.uint8, 512)])
+def test_a_batch_beyond_the_caches_is_pasted_like_a_small_one(dtype, side) -> None:
+    # 10.5 MB (float32 at 512, uint8 at 1024) is pasted in tiles of examples; uint8 at 512 stays below the
+    # threshold and is pasted whole.
+    x = _images(5, 5, side, side, dtype)
+    params = cutmix_params(R.key(5), 5, side, side, alpha=1.0, per_sample=True)
     assert torch.equal(cutmix_apply(x, params), _reference_paste(x, params))
