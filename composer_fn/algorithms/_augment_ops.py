@@ -489,11 +489,18 @@ def apply_op(images: Tensor, op: Tensor, value: Tensor) -> Tensor:
     if len(runs) == 1:
         return _run_group(runs[0][0], images, op, value)
     order = torch.argsort(group, stable=True)
+    # Sorted once by group, each group is a slice (a view): three gathers in all rather than three per group.
+    images_by_group = images.index_select(0, order)
+    op_by_group, value_by_group = op.index_select(0, order), value.index_select(0, order)
     pieces, start = [], 0
     for group_id, count in runs:
-        members = order[start : start + count]
+        members = slice(start, start + count)
         start += count
-        pieces.append(_run_group(group_id, images.index_select(0, members), op[members], value[members]))
+        if group_id == _IDENTITY_GROUP:
+            # Copied into the result below, like every piece: no copy of its own.
+            pieces.append(images_by_group[members])
+        else:
+            pieces.append(_run_group(group_id, images_by_group[members], op_by_group[members], value_by_group[members]))
     if images.dtype == torch.uint8:
         # index_copy_ crawls over one-byte elements; concatenating and un-permuting is cheap at one byte.
         return torch.cat(pieces).index_select(0, torch.argsort(order))
