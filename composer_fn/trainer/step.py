@@ -33,7 +33,7 @@ from torch.func import functional_call, grad_and_value
 from composer_fn.core import random as R
 from composer_fn.core.engine import Plan, run_event
 from composer_fn.core.event import Event
-from composer_fn.core.state import GradientFn, LossFn, State, Static, StepCtx, batch_get
+from composer_fn.core.state import ForwardFn, GradientFn, LossFn, State, Static, StepCtx, batch_get
 from composer_fn.models.keyed import forward_key_names, forward_keys
 from composer_fn.optim.base import (
     GradientTransformation,
@@ -222,8 +222,14 @@ def make_train_step(
     keyed = bool(plan.hooks) or bool(key_names)
     losses_per_sample = per_sample_loss_fn if per_sample_loss_fn is not None else per_sample_loss(loss_fn)
 
-    def forward(params: Mapping[str, Tensor], buffers: Mapping[str, Tensor], input: Any) -> tuple[Any, dict[str, Tensor]]:
-        return _forward(static, params, buffers, input, slots)
+    def forward_at(step_key: Tensor) -> ForwardFn:
+        # The model as a pure function for hooks (an extra forward): random layers draw from this step's key.
+        keys = forward_keys(key_names, step_key) if key_names else None
+
+        def forward(params: Mapping[str, Tensor], buffers: Mapping[str, Tensor], input: Any) -> tuple[Any, dict[str, Tensor]]:
+            return _forward(static, params, buffers, input, slots, keys)
+
+        return forward
 
     def differentiated(
         params: Mapping[str, Tensor], state: State, ctx: StepCtx
@@ -253,11 +259,12 @@ def make_train_step(
         return gradient_fn
 
     def train_step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
+        step_key = _step_key(state, keyed)
         ctx = StepCtx(
             batch=batch,
-            key=_step_key(state, keyed),
+            key=step_key,
             loss_fn=loss_fn,
-            forward=forward,
+            forward=forward_at(step_key),
             per_sample_loss_fn=losses_per_sample,
         )
         state, ctx = run_event(Event.AFTER_DATALOADER, plan, state, ctx)
