@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ __all__ = [
     "Peer",
     "PeerError",
     "add_common_arguments",
+    "interleaved_times",
     "find_peer_python",
     "pin_threads",
     "summary",
@@ -217,6 +218,28 @@ def summary(values: Sequence[float]) -> dict[str, float]:
     else:
         iqr = ordered[-1] - ordered[0]
     return {"median": statistics.median(ordered), "min": ordered[0], "iqr": iqr, "n": float(len(ordered))}
+
+
+def interleaved_times(
+    groups: Mapping[str, Mapping[str, Callable[[int], None]]], rounds: int, steps: int
+) -> dict[tuple[str, str], list[float]]:
+    """Returns seconds per step of every runner, by (group, name): one sample per round, rotating the order.
+
+    Each runner is called once to warm up, then timed over ``steps`` calls; within a round the order of a group's
+    runners rotates, so a slow drift of a shared machine lands on all of them alike.
+    """
+    samples: dict[tuple[str, str], list[float]] = {}
+    for round_index in range(rounds):
+        for group, runners in groups.items():
+            names = list(runners)
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                runner = runners[name]
+                runner(1)
+                started = time.perf_counter()
+                runner(steps)
+                samples.setdefault((group, name), []).append((time.perf_counter() - started) / steps)
+    return samples
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:

@@ -24,18 +24,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from _peer import format_table, pin_threads
+from _peer import format_table, interleaved_times, pin_threads
 
 from composer_fn import optim
 from composer_fn.algorithms import SAM
 from composer_fn.core import random as R
 from composer_fn.core.engine import make_plan
-from composer_fn.core.state import State, Static
+from composer_fn.core.state import State, Static, initial_state
 from composer_fn.data import load_digits_task
 from composer_fn.models import SmallCNN
 from composer_fn.optim.base import apply_updates
@@ -142,11 +141,7 @@ def sam_contenders() -> dict[str, Contender]:
     for name, algorithms in (("ours, plain step", ()), ("ours, SAM step", (SAM(),))):
         model = SmallCNN(1, 10)
         static = Static(module=model)
-        state = State(
-            params={n: p.detach().clone() for n, p in model.named_parameters()},
-            buffers={n: b.detach().clone() for n, b in model.named_buffers()},
-            opt=None, algos={}, hparams={}, step=torch.zeros((), dtype=torch.int64), key=R.key(0),
-        )  # fmt: skip
+        state = initial_state(model, R.key(0))
         plan = make_plan(algorithms)
         state = state.replace(opt=tx.init(state.params), algos={a.name: a.init(static, state) for a in algorithms})
         step = make_train_step(static, plan, cross_entropy_loss(), tx, donate=True)
@@ -196,17 +191,7 @@ def main() -> None:
     grads = tensors(10_000)
     count = sum(g.numel() for g in grads.values())
     groups = {**contenders(grads), SAM_GROUP: sam_contenders()}
-    samples: dict[tuple[str, str], list[float]] = {}
-    for round_index in range(args.rounds):
-        for group, runners in groups.items():
-            names = list(runners)
-            shift = round_index % len(names)
-            for name in names[shift:] + names[:shift]:
-                runner = runners[name]
-                runner(1)
-                start = time.perf_counter()
-                runner(args.steps)
-                samples.setdefault((group, name), []).append((time.perf_counter() - start) / args.steps)
+    samples = interleaved_times(groups, args.rounds, args.steps)
     print(
         f"optimizer update, {count / 1e6:.1f}M parameters in {len(grads)} tensors, float32, CPU, "
         f"{args.threads} thread(s), torch {torch.__version__}; median of {args.rounds} rounds of {args.steps} updates"

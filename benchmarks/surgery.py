@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from _peer import format_table, pin_threads
+from _peer import format_table, interleaved_times, pin_threads
 from torch import nn
 
 from composer_fn import optim
@@ -43,7 +42,7 @@ from composer_fn.core import random as R
 from composer_fn.core.algorithm import Algorithm
 from composer_fn.core.engine import frozen_parameters, make_plan, run_host_event
 from composer_fn.core.event import Event
-from composer_fn.core.state import BatchMeta, State, Static
+from composer_fn.core.state import BatchMeta, Static, initial_state
 from composer_fn.core.time import Time, Timestamp, TimeUnit
 from composer_fn.models import CausalLM, cifar_resnet56
 from composer_fn.models.lm import causal_lm_loss
@@ -76,11 +75,7 @@ def _runner(
 ) -> tuple[Runner, int]:
     """Returns a runner of training steps after the algorithms' INIT, and the parameter count."""
     static = Static(module=model)
-    state = State(
-        params={n: p.detach().clone() for n, p in model.named_parameters()},
-        buffers={n: b.detach().clone() for n, b in model.named_buffers()},
-        opt=None, algos={}, hparams={}, step=torch.zeros((), dtype=torch.int64), key=R.key(0),
-    )  # fmt: skip
+    state = initial_state(model, R.key(0))
     steps = 100
     start = Timestamp().with_max_duration(Time(steps, TimeUnit.BATCH))
     static, state = run_host_event(Event.INIT, make_plan(algorithms, timestamp=start), static, state, start)
@@ -139,17 +134,11 @@ def main() -> None:
             for name, algorithms in LM.items()
         },
     }
-    samples: dict[tuple[str, str], list[float]] = {}
-    for round_index in range(args.rounds):
-        for group, runners in groups.items():
-            names = list(runners)
-            shift = round_index % len(names)
-            for name in names[shift:] + names[:shift]:
-                run, _ = runners[name]
-                run(1)
-                started = time.perf_counter()
-                run(args.steps)
-                samples.setdefault((group, name), []).append((time.perf_counter() - started) / args.steps)
+    samples = interleaved_times(
+        {group: {name: run for name, (run, _) in runners.items()} for group, runners in groups.items()},
+        args.rounds,
+        args.steps,
+    )
     mode = "inductor-compiled" if args.compile else "eager"
     print(
         f"training step, {mode}, CPU, {args.threads} thread(s), batch {args.batch} images / {tokens[0].shape[0]} "

@@ -17,6 +17,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor, nn
 
 __all__ = [
+    "initial_state",
     "State",
     "StepCtx",
     "Static",
@@ -276,6 +277,23 @@ class BatchMeta:
 
     batch_size: int
     input_shape: tuple[int, ...] = ()
+
+
+def initial_state(module: nn.Module, key: Tensor) -> State:
+    """Returns the state before INIT: copies of ``module``'s parameters and buffers, step 0 and ``key``.
+
+    No optimizer or algorithm state yet (the trainer fills them after INIT); the step counter lives on the
+    key's device.
+    """
+    return State(
+        params={name: p.detach().clone() for name, p in module.named_parameters()},
+        buffers={name: b.detach().clone() for name, b in module.named_buffers()},
+        opt=None,
+        algos={},
+        hparams={},
+        step=torch.zeros((), dtype=torch.int64, device=key.device),
+        key=key,
+    )
 
 
 def batch_get(batch: Any, key: int | str) -> Any:

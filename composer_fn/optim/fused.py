@@ -47,17 +47,21 @@ def fused_step(
 
 
 def _groups(*lists: list[Tensor]) -> list[tuple[bool, tuple[list[Tensor], ...]]]:
-    # Fused kernels take tensors of one device and dtype; group as torch.optim does.
-    grouped: dict[tuple[str, torch.dtype], tuple[list[Tensor], ...]] = {}
-    for index, tensor in enumerate(lists[0]):
-        key = (str(tensor.device), tensor.dtype)
-        slots = grouped.setdefault(key, tuple([] for _ in lists))
-        for slot, values in zip(slots, lists, strict=True):
-            if values:
-                slot.append(values[index])
+    # Fused kernels take tensors of one device and dtype; group as torch.optim does (one group, almost always).
+    first = lists[0][0] if lists[0] else None
+    if first is None or all(t.device == first.device and t.dtype == first.dtype for t in lists[0]):
+        groups: dict[tuple[torch.device, torch.dtype], tuple[list[Tensor], ...]] = {}
+        if first is not None:
+            groups[(first.device, first.dtype)] = tuple(list(values) for values in lists)
+    else:
+        groups = {}
+        for index, tensor in enumerate(lists[0]):
+            slots = groups.setdefault((tensor.device, tensor.dtype), tuple([] for _ in lists))
+            for slot, values in zip(slots, lists, strict=True):
+                if values:
+                    slot.append(values[index])
     return [
-        (key[0].split(":")[0] in _FUSED_DEVICES and key[1] in _FUSED_DTYPES, slots)
-        for key, slots in grouped.items()
+        (device.type in _FUSED_DEVICES and dtype in _FUSED_DTYPES, slots) for (device, dtype), slots in groups.items()
     ]
 
 

@@ -34,7 +34,7 @@ from composer_fn.core import random as R
 from composer_fn.core.algorithm import Algorithm, algorithms_to_json
 from composer_fn.core.engine import frozen_parameters, make_plan, run_event, run_host_event
 from composer_fn.core.event import Event
-from composer_fn.core.state import BatchMeta, ForwardFn, LossFn, State, Static, StepCtx
+from composer_fn.core.state import BatchMeta, ForwardFn, LossFn, State, Static, StepCtx, initial_state
 from composer_fn.core.time import Time, Timestamp, TimeUnit
 from composer_fn.models import SmallCNN
 from composer_fn.models.init import init_parameters
@@ -139,15 +139,7 @@ def make_setup(
     inputs = tuple(batch[0] for batch in batches)
     wants_data = any("train_data" in a.requires for a in algorithms)
     static = Static(module=model, seed=root, train_inputs=(lambda: iter(inputs)) if wants_data else None)
-    state = State(
-        params=dict(init),
-        buffers={n: b.detach().clone() for n, b in model.named_buffers()},
-        opt=None,
-        algos={},
-        hparams={},
-        step=torch.zeros((), dtype=torch.int64),
-        key=R.key(root),
-    )
+    state = initial_state(model, R.key(root)).replace(params=dict(init))
     algorithms = tuple(algorithms)
     max_duration = Time(steps, TimeUnit.BATCH)
     start = Timestamp().with_max_duration(max_duration)

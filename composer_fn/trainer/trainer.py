@@ -35,7 +35,16 @@ from composer_fn.core.engine import (
 )
 from composer_fn.core.event import Event
 from composer_fn.core.passes import DEFAULT_PASSES, Pass
-from composer_fn.core.state import PRECISIONS, BatchMeta, LossFn, Precision, State, Static, batch_get
+from composer_fn.core.state import (
+    PRECISIONS,
+    BatchMeta,
+    LossFn,
+    Precision,
+    State,
+    Static,
+    batch_get,
+    initial_state,
+)
 from composer_fn.core.time import Time, Timestamp, TimeUnit, to_steps
 from composer_fn.loggers.base import Logger
 from composer_fn.optim.base import GradientTransformation
@@ -249,17 +258,7 @@ class Trainer:
             seed=seed,
             train_inputs=self._train_inputs if wants_data else None,
         )
-        params = {n: p.detach().clone() for n, p in structure.named_parameters()}
-        buffers = {n: b.detach().clone() for n, b in structure.named_buffers()}
-        state = State(
-            params=params,
-            buffers=buffers,
-            opt=None,
-            algos={},
-            hparams={},
-            step=torch.zeros((), dtype=torch.int64, device=target_device),
-            key=R.key(seed, device=target_device),
-        )
+        state = initial_state(structure, R.key(seed, device=target_device))
         self.timestamp = Timestamp().with_max_duration(Time(self.max_steps, TimeUnit.BATCH))
         plan = self._plan(self.timestamp)
         for diagnostic in plan.diagnostics:
