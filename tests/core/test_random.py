@@ -552,3 +552,14 @@ def test_the_same_key_draws_the_same_bits_on_cpu_and_cuda(seed: int, data: int) 
     assert torch.equal(rng.bits(cuda_key, (5, 3)).cpu(), rng.bits(cpu_key, (5, 3)))
     assert torch.equal(rng.uniform(cuda_key, 17).cpu(), rng.uniform(cpu_key, 17))
     assert torch.equal(rng.permutation(cuda_key, 12).cpu(), rng.permutation(cpu_key, 12))
+
+
+@given(st.integers(0, 2**32 - 1), st.integers(1, 4), st.lists(st.integers(0, 6), min_size=0, max_size=3))
+@settings(max_examples=30, deadline=None)
+def test_the_eager_cpu_words_equal_the_tensor_arithmetic_every_backend_runs(seed: int, keys: int, shape: list[int]) -> None:
+    # Eager on the CPU, bits() computes in NumPy's wrapping uint32; compiled code and GPUs run the int64 form.
+    single = rng.key(seed)
+    batch = rng.split(single, keys)
+    for k in (single, batch):
+        assert torch.equal(rng._bits_numpy(k, tuple(shape)), rng._bits_tensor(k, tuple(shape)))
+        assert torch.equal(rng.bits(k, tuple(shape)), rng._bits_tensor(k, tuple(shape)))
