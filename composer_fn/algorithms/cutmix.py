@@ -102,14 +102,16 @@ def _unmixed_area(bbox: Tensor, height: int, width: int) -> Tensor:
     return (1.0 - pasted.to(torch.float64) / (height * width)).to(torch.float32)
 
 
-def _box_along(words: Tensor, cut: Tensor, size: int, uniform_sampling: bool) -> tuple[Tensor, Tensor]:
+def _box_along(words: Tensor, cut: Tensor, size: Tensor, uniform_sampling: bool) -> tuple[Tensor, Tensor]:
+    # Rows and columns at once: the last dimension of every argument is (rows, columns).
     if uniform_sampling:
         # Composer's randint(-cut // 2, size + cut // 2): a span of size + cut positions.
         centre = ((words * (size + cut)) >> 32) - (cut + 1) // 2
     else:
         centre = (words * size) >> 32
     half = cut // 2
-    return (centre - half).clamp(0, size), (centre + half).clamp(0, size)
+    zero = torch.zeros_like(size)
+    return torch.clamp(centre - half, zero, size), torch.clamp(centre + half, zero, size)
 
 
 def cutmix_boxes(
@@ -125,17 +127,16 @@ def cutmix_boxes(
     _check_size(height, width)
     if cut_ratio.dim() > 1 or (cut_ratio.dim() == 1 and cut_ratio.shape[0] != batch_size):
         raise ValueError(f"cut_ratio of shape {tuple(cut_ratio.shape)}: expected () or ({batch_size},)")
-    ratio = cut_ratio.to(device=key.device, dtype=torch.float64).reshape(-1)
-    cut_rows = torch.floor(ratio * height).to(torch.int64)
-    cut_cols = torch.floor(ratio * width).to(torch.int64)
+    ratio = cut_ratio.to(device=key.device, dtype=torch.float64).reshape(-1, 1)
+    sides = torch.tensor((height, width), dtype=torch.int64, device=key.device)
+    cuts = torch.floor(ratio * sides).to(torch.int64)
     # One stream of words for everything (each eager sampler call costs tens of small ops): the first
     # batch_size words sorted give exactly R.permutation(key, batch_size), the next ones the box centres.
     words = R.bits(key, (batch_size + 2 * ratio.shape[0],))
     indices = torch.argsort(words[:batch_size], stable=True)
-    centres = words[batch_size:].reshape(-1, 2)
-    row_start, row_end = _box_along(centres[:, 0], cut_rows, height, uniform_sampling)
-    col_start, col_end = _box_along(centres[:, 1], cut_cols, width, uniform_sampling)
-    bbox = torch.stack((row_start, col_start, row_end, col_end), dim=-1)
+    start, end = _box_along(words[batch_size:].reshape(-1, 2), cuts, sides, uniform_sampling)
+    # (row start, column start, row end, column end)
+    bbox = torch.cat((start, end), dim=-1)
     if cut_ratio.dim() == 0:
         bbox = bbox[0]
     return CutMixParams(bbox, indices, _unmixed_area(bbox, height, width))
