@@ -40,7 +40,7 @@ def fused_step(
 ) -> tuple[dict[str, Tensor], OptState]:
     """Returns ``(new_params, new_state)`` from ``tx.fused`` run on copies: ``params`` and ``state`` are untouched."""
     if tx.fused is None:
-        raise ValueError("tx has no fused step; use tx.update and apply_updates")
+        raise ValueError("tx.fused is None: this transformation has no in-place step; use tx.update and apply_updates")
     new_params = {name: p.clone() for name, p in params.items()}
     new_state = pytree.tree_map(lambda leaf: leaf.clone() if isinstance(leaf, Tensor) else leaf, state)
     return new_params, tx.fused(new_params, grads, new_state, scale)
