@@ -35,6 +35,7 @@ Both paths run the same per-element arithmetic and give the same bits.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -121,6 +122,9 @@ augmentation_sets: Mapping[str, tuple[str, ...]] = MappingProxyType(
 
 TONE_OPS = (AUTOCONTRAST, EQUALIZE, POSTERIZE, SOLARIZE)
 BLEND_OPS = (COLOR, CONTRAST, BRIGHTNESS, SHARPNESS)
+# The ops that map each channel's levels through a per-image table: for uint8 images they are computed as one.
+# Equalize comes first: its samples' flat levels are then the group's first ones.
+LOOKUP_OPS = (EQUALIZE, AUTOCONTRAST, POSTERIZE, SOLARIZE, CONTRAST, BRIGHTNESS)
 WARP_OPS = (ROTATE, SHEAR_X, SHEAR_Y)
 SHIFT_OPS = (TRANSLATE_X, TRANSLATE_Y)
 
@@ -157,6 +161,16 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
+def _eager_cpu(values: Tensor) -> bool:
+    """Whether ``values`` is a plain CPU tensor outside tracing, whose NumPy view is the tensor itself."""
+    return (
+        values.device.type == "cpu"
+        and not values.requires_grad
+        and not _compiling()
+        and not torch._C._functorch.is_functorch_wrapped_tensor(values)
+    )
+
+
 def _chose(op: Tensor, ops: tuple[int, ...]) -> Tensor:
     mask = op == ops[0]
     for other in ops[1:]:
@@ -177,6 +191,19 @@ def _work(images: Tensor) -> Tensor:
     return images if images.dtype == torch.float32 else images.to(torch.float32)
 
 
+def to_levels(values: Tensor) -> Tensor:
+    """Returns float ``values`` already within ``[0, 255]`` as ``uint8``, truncated like ``.to(torch.uint8)``.
+
+    Through int32: the same bits, several times faster on the CPU than the direct cast.
+    """
+    return values.to(torch.int32).to(torch.uint8)
+
+
+def _cast(values: Tensor, images: Tensor) -> Tensor:
+    """Returns float ``values`` in the images' dtype (in ``[0, 255]`` when that is ``uint8``)."""
+    return to_levels(values) if images.dtype == torch.uint8 else values.to(images.dtype)
+
+
 def _bound(images: Tensor) -> float:
     return 255.0 if images.dtype == torch.uint8 else 1.0
 
@@ -192,7 +219,8 @@ def _flat_levels(levels: Tensor) -> Tensor:
     """Returns the int32 position of each ``uint8`` level in a flat ``[B * C * 256]`` table."""
     batch, channels = levels.shape[:2]
     offsets = torch.arange(batch * channels, dtype=torch.int32, device=levels.device) * 256
-    return (levels.to(torch.int32) + offsets.view(batch, channels, 1, 1)).view(-1)
+    # uint8 + int32 promotes to int32: one pass.
+    return (levels + offsets.view(batch, channels, 1, 1)).view(-1)
 
 
 def _look_up(levels: Tensor, table: Tensor, index: Tensor) -> Tensor:
@@ -201,17 +229,18 @@ def _look_up(levels: Tensor, table: Tensor, index: Tensor) -> Tensor:
     return flat.index_select(0, index).view(levels.shape)
 
 
-def _autocontrast_range(work: Tensor, bound: float) -> tuple[Tensor, Tensor]:
-    # torchvision's arithmetic, so that uint8 results agree with it bit for bit.
-    flat = work.flatten(2)
-    low, high = flat.amin(dim=2, keepdim=True), flat.amax(dim=2, keepdim=True)
+def _autocontrast_range(images: Tensor, bound: float) -> tuple[Tensor, Tensor]:
+    # torchvision's arithmetic, so that uint8 results agree with it bit for bit; uint8 levels are reduced as
+    # they are and converted after (exactly).
+    flat = images.flatten(2)
+    low, high = _work(flat.amin(dim=2, keepdim=True)), _work(flat.amax(dim=2, keepdim=True))
     constant = high == low
     inverse_scale = (high - low) * (1.0 / bound)
     return torch.where(constant, 0.0, low), torch.where(constant, 1.0, inverse_scale)
 
 
 def _autocontrast_table(images: Tensor) -> Tensor:
-    low, inverse_scale = _autocontrast_range(_work(images), 255.0)
+    low, inverse_scale = _autocontrast_range(images, 255.0)
     return ((_ramp(images.device) - low) / inverse_scale).clamp(0.0, 255.0)
 
 
@@ -232,9 +261,11 @@ def _equalize_table(levels: Tensor, index: Tensor) -> Tensor:
     # The last non-empty bin is where the cumulative histogram first reaches its maximum.
     last = hist.gather(2, cumulative.argmax(dim=2, keepdim=True))
     step = torch.div(height * width - last, 255, rounding_mode="floor")
-    shifted = torch.div(cumulative[..., :-1] + step // 2, step.clamp(min=1), rounding_mode="floor")
-    table = torch.cat((torch.zeros_like(shifted[..., :1]), shifted.clamp(0, 255)), dim=2).to(torch.float32)
-    return torch.where(step == 0, _ramp(levels.device), table)
+    # PIL's table: level l maps to (cumulative[l - 1] + step // 2) // step (0 for l = 0). The integers are far
+    # below 2**53, so float64 division and floor give the integer quotient exactly, and run several times faster.
+    below = F.pad(cumulative[..., :-1], (1, 0)).to(torch.float64)
+    table = torch.floor((below + (step // 2).to(torch.float64)) / step.clamp(min=1).to(torch.float64))
+    return torch.where(step == 0, _ramp(levels.device), table.clamp_(0.0, 255.0).to(torch.float32))
 
 
 def _posterize_table(bits: Tensor, device: torch.device) -> Tensor:
@@ -247,6 +278,30 @@ def _solarize_table(threshold: Tensor, device: torch.device) -> Tensor:
     return torch.where(ramp >= threshold.view(-1, 1, 1), 255.0 - ramp, ramp)
 
 
+def _blend_table(images: Tensor, op_id: int, factor: Tensor) -> Tensor:
+    """Returns the table of a colour op whose degenerate image is constant per image: contrast or brightness."""
+    ramp = _ramp(images.device)
+    if op_id == CONTRAST:
+        degenerate = _degenerate(_work(images), CONTRAST, True).view(-1, 1, 1).expand(-1, 1, 256)
+    else:
+        degenerate = torch.zeros((), device=images.device).expand(factor.shape[0], 1, 256)
+    # The per-element arithmetic of ``_enhance``, on the 256 levels.
+    return torch.lerp(degenerate, ramp.expand_as(degenerate), factor.view(-1, 1, 1)).clamp_(0.0, 255.0)
+
+
+def _table(images: Tensor, op_id: int, value: Tensor, index: Tensor | None = None) -> Tensor:
+    """Returns the ``[B, C or 1, 256]`` float table of a lookup op over ``uint8`` images (``LOOKUP_OPS``)."""
+    if op_id == AUTOCONTRAST:
+        return _autocontrast_table(images)
+    if op_id == EQUALIZE:
+        return _equalize_table(images, _flat_levels(images) if index is None else index)
+    if op_id == POSTERIZE:
+        return _posterize_table(value, images.device)
+    if op_id == SOLARIZE:
+        return _solarize_table(value, images.device)
+    return _blend_table(images, op_id, value)
+
+
 def _autocontrast_float(work: Tensor) -> Tensor:
     low, inverse_scale = _autocontrast_range(work, 1.0)
     return ((work - low.unsqueeze(-1)) / inverse_scale.unsqueeze(-1)).clamp(0.0, 1.0)
@@ -254,7 +309,7 @@ def _autocontrast_float(work: Tensor) -> Tensor:
 
 def _equalize_float(work: Tensor) -> Tensor:
     # torchvision's binning of [0, 1] into 256 levels, and back.
-    levels = (work.clamp(0.0, 1.0) * 255.999).to(torch.uint8)
+    levels = to_levels(work.clamp(0.0, 1.0) * 255.999)
     index = _flat_levels(levels)
     return _look_up(levels, _equalize_table(levels, index), index) * (1.0 / 255.0)
 
@@ -269,18 +324,7 @@ def _solarize_float(work: Tensor, threshold: Tensor) -> Tensor:
 
 
 def _tone_op(images: Tensor, op_id: int, value: Tensor) -> Tensor:
-    """Returns one tone op applied to every sample."""
-    if images.dtype == torch.uint8:
-        index = _flat_levels(images)
-        if op_id == AUTOCONTRAST:
-            table = _autocontrast_table(images)
-        elif op_id == EQUALIZE:
-            table = _equalize_table(images, index)
-        elif op_id == POSTERIZE:
-            table = _posterize_table(value, images.device)
-        else:
-            table = _solarize_table(value, images.device)
-        return _look_up(images, table.to(torch.uint8), index)
+    """Returns one tone op applied to every sample of floating images."""
     work = _work(images)
     if op_id == AUTOCONTRAST:
         out = _autocontrast_float(work)
@@ -293,18 +337,37 @@ def _tone_op(images: Tensor, op_id: int, value: Tensor) -> Tensor:
     return out.to(images.dtype)
 
 
+def _look_up_runs(images: Tensor, value: Tensor, runs: list[tuple[int, int]]) -> Tensor:
+    """Returns ``uint8`` images sorted by op, ``runs`` of ``(op, count)`` in order, each through its op's table."""
+    channels = images.shape[1]
+    index = _flat_levels(images)
+    tables, start = [], 0
+    for op_id, count in runs:
+        members = slice(start, start + count)
+        start += count
+        if op_id == EQUALIZE and start == count:
+            # The first samples' flat positions are the group's first ones.
+            table = _table(images[members], op_id, value, index[: images[members].numel()])
+        else:
+            table = _table(images[members], op_id, value[members])
+        tables.append(table.expand(count, channels, 256))
+    table = tables[0] if len(tables) == 1 else torch.cat(tables)
+    return _look_up(images, to_levels(table), index)
+
+
 def _tone(images: Tensor, op: Tensor, value: Tensor) -> Tensor:
-    """Returns each sample's tone op, computed for every sample and selected (other samples pass unchanged)."""
+    """Returns each sample's tone op, computed for every sample and selected (other samples pass unchanged).
+
+    For ``uint8`` images the ops are ``LOOKUP_OPS`` (contrast and brightness included), otherwise ``TONE_OPS``.
+    """
     if images.dtype == torch.uint8:
         batch, channels = images.shape[:2]
         pick = op.view(-1, 1, 1)
         index = _flat_levels(images)
         table = _ramp(images.device).expand(batch, channels, 256)
-        table = torch.where(pick == AUTOCONTRAST, _autocontrast_table(images), table)
-        table = torch.where(pick == EQUALIZE, _equalize_table(images, index), table)
-        table = torch.where(pick == POSTERIZE, _posterize_table(value, images.device), table)
-        table = torch.where(pick == SOLARIZE, _solarize_table(value, images.device), table)
-        return _look_up(images, table.to(torch.uint8), index)
+        for op_id in LOOKUP_OPS:
+            table = torch.where(pick == op_id, _table(images, op_id, value, index), table)
+        return _look_up(images, to_levels(table), index)
     work = _work(images)
     pick = _rows(op)
     out = _select(pick == AUTOCONTRAST, _autocontrast_float(work), work)
@@ -357,7 +420,7 @@ def _degenerate(work: Tensor, op_id: int, quantize: bool) -> Tensor:
 def _enhance(images: Tensor, work: Tensor, degenerate: Tensor, factor: Tensor) -> Tensor:
     # lerp returns its end point exactly at weight 1, so a factor of 1 gives the image back bit for bit.
     blended = torch.lerp(degenerate.expand_as(work), work, factor.view(-1, 1, 1, 1))
-    return blended.clamp_(0.0, _bound(images)).to(images.dtype)
+    return _cast(blended.clamp_(0.0, _bound(images)), images)
 
 
 def _blend_op(images: Tensor, op_id: int, value: Tensor) -> Tensor:
@@ -408,24 +471,47 @@ def _shift(images: Tensor, op: Tensor, value: Tensor, ops: tuple[int, ...] = SHI
     the images' own dtype: whole rows for vertical shifts, one gather along the rows for horizontal ones.
     ``ops`` says which of the two translations the batch may hold.
     """
+    if _eager_cpu(op) and _eager_cpu(value):
+        return _shift_numpy(images, op.numpy(), value.numpy(), ops)
     batch, channels, height, width = images.shape
     out = images
-    # Multiplying by a 0/1 mask is many times faster than masked_fill with a broadcast mask on the CPU.
+    zero = torch.zeros((), dtype=images.dtype, device=images.device)
     if TRANSLATE_Y in ops:
         source = torch.arange(height, device=images.device) + torch.where(op == TRANSLATE_Y, value, 0.0).to(
             torch.int64
         ).view(-1, 1)
-        inside = ((source >= 0) & (source < height)).view(batch, 1, height, 1).to(images.dtype)
+        inside = ((source >= 0) & (source < height)).view(batch, 1, height, 1)
         planes = torch.arange(batch * channels, device=images.device).view(batch, channels, 1) * height
         rows = (planes + source.clamp(0, height - 1).view(batch, 1, height)).view(-1)
-        out = out.reshape(-1, width).index_select(0, rows).view(images.shape) * inside
+        out = torch.where(inside, out.reshape(-1, width).index_select(0, rows).view(images.shape), zero)
     if TRANSLATE_X in ops:
         source = torch.arange(width, device=images.device) + torch.where(op == TRANSLATE_X, value, 0.0).to(
             torch.int64
         ).view(-1, 1)
-        inside = ((source >= 0) & (source < width)).view(batch, 1, 1, width).to(images.dtype)
+        inside = ((source >= 0) & (source < width)).view(batch, 1, 1, width)
         index = source.clamp(0, width - 1).view(batch, 1, 1, width).expand(images.shape)
-        out = out.gather(3, index) * inside
+        out = torch.where(inside, out.gather(3, index), zero)
+    return out
+
+
+def _shift_numpy(images: Tensor, op: np.ndarray, value: np.ndarray, ops: tuple[int, ...]) -> Tensor:
+    """``_shift`` eagerly on the CPU: the indices in NumPy, and a zero row or column to gather from outside."""
+    batch, channels, height, width = images.shape
+    out = images
+    if TRANSLATE_Y in ops:
+        source = np.arange(height) + np.where(op == TRANSLATE_Y, value, 0.0).astype(np.int64)[:, None]
+        planes = np.arange(batch * channels).reshape(batch, channels, 1) * height
+        # Rows from outside the image read the appended zero row.
+        rows = np.where((source >= 0) & (source < height), source, -1)[:, None, :] + planes
+        rows = np.where(rows < planes, batch * channels * height, rows)
+        flat = torch.cat((out.reshape(-1, width), out.new_zeros(1, width)))
+        out = flat.index_select(0, torch.from_numpy(rows.reshape(-1))).view(images.shape)
+    if TRANSLATE_X in ops:
+        source = np.arange(width) + np.where(op == TRANSLATE_X, value, 0.0).astype(np.int64)[:, None]
+        # Columns from outside the image read the appended zero column.
+        columns = np.where((source >= 0) & (source < width), source, width)
+        index = torch.from_numpy(columns).view(batch, 1, 1, width).expand(batch, channels, height, width)
+        out = F.pad(out, (0, 1)).gather(3, index)
     return out
 
 
@@ -445,14 +531,16 @@ def _geometric(images: Tensor, op: Tensor, value: Tensor) -> Tensor:
     grid[..., 1] = along_y
     # PIL's bilinear filter: a point inside the image interpolates its neighbours clamped to the image (border
     # padding), a point outside gives 0.
-    if _compiling():
-        inside = (along_x >= -1.0) & (along_x < 1.0) & (along_y >= -1.0) & (along_y < 1.0)
+    if _eager_cpu(along_x):
+        # The same comparisons in NumPy, whose kernels run several times faster than torch's on the CPU.
+        x_np, y_np = along_x.numpy(), along_y.numpy()
+        inside_np = x_np >= -1.0
+        inside_np &= x_np < 1.0
+        inside_np &= y_np >= -1.0
+        inside_np &= y_np < 1.0
+        inside = torch.from_numpy(inside_np)
     else:
-        # The same mask, and-ed as 0/1 bytes: the CPU kernels on bool tensors are several times slower.
-        inside = (along_x >= -1.0).view(torch.uint8)
-        inside &= (along_x < 1.0).view(torch.uint8)
-        inside &= (along_y >= -1.0).view(torch.uint8)
-        inside &= (along_y < 1.0).view(torch.uint8)
+        inside = (along_x >= -1.0) & (along_x < 1.0) & (along_y >= -1.0) & (along_y < 1.0)
     inside = inside.unsqueeze(1).to(torch.float32)
     out = (
         F.grid_sample(_work(images), grid, mode="bilinear", padding_mode="border", align_corners=False)
@@ -461,12 +549,32 @@ def _geometric(images: Tensor, op: Tensor, value: Tensor) -> Tensor:
     if images.dtype == torch.uint8:
         # Rounded (PIL truncates): the normalized coordinates are exact only to float rounding, and rounding
         # keeps exact maps such as a rotation by 0 degrees exact.
-        return out.round_().to(torch.uint8)
+        return to_levels(out.round_())
     return out.to(images.dtype)
 
 
 # ------------------------------------------------------------------------------------------------ dispatch
-_IDENTITY_GROUP = len(PRIMITIVES)
+# How eager dispatch groups the ops: each group is one computation over its samples (sorted by op inside it).
+_FLOAT_GROUPS: tuple[tuple[int, ...], ...] = (
+    *((op_id,) for op_id in TONE_OPS + BLEND_OPS + SHIFT_OPS),
+    WARP_OPS,
+    (IDENTITY,),
+)
+_UINT8_GROUPS: tuple[tuple[int, ...], ...] = (
+    LOOKUP_OPS,
+    (COLOR,),
+    (SHARPNESS,),
+    *((op_id,) for op_id in SHIFT_OPS),
+    WARP_OPS,
+    (IDENTITY,),
+)
+
+
+@functools.cache
+def _rank(groups: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    """Returns each op's place (indexed by ``op + 1``) when the ops are listed group after group."""
+    order = [op_id for group in groups for op_id in group]
+    return tuple(order.index(op_id) for op_id in range(IDENTITY, len(PRIMITIVES)))
 
 
 def apply_op(images: Tensor, op: Tensor, value: Tensor) -> Tensor:
@@ -475,35 +583,37 @@ def apply_op(images: Tensor, op: Tensor, value: Tensor) -> Tensor:
     ``value[i]`` is that op's argument in the images' units (see the module docstring). The input is never
     written to; the result is always a new tensor.
     """
+    uint8 = images.dtype == torch.uint8
     if _compiling():
-        out = torch.where(_rows(_chose(op, TONE_OPS)), _tone(images, op, value), images)
-        out = torch.where(_rows(_chose(op, BLEND_OPS)), _blend(images, op, value), out)
+        tone_ops = LOOKUP_OPS if uint8 else TONE_OPS
+        blend_ops = (COLOR, SHARPNESS) if uint8 else BLEND_OPS
+        out = torch.where(_rows(_chose(op, tone_ops)), _tone(images, op, value), images)
+        out = torch.where(_rows(_chose(op, blend_ops)), _blend(images, op, value), out)
         out = torch.where(_rows(_chose(op, SHIFT_OPS)), _shift(images, op, value), out)
         return torch.where(_rows(_chose(op, WARP_OPS)), _geometric(images, op, value), out)
-    if bool(((op < IDENTITY) | (op >= len(PRIMITIVES))).any()):
-        raise ValueError(f"op holds {op.tolist()}: expected ids in [-1, {len(PRIMITIVES) - 1}]")
-    # Group the samples by op (rotate and the shears share one group) and run each op on its own samples only.
-    group = torch.where(_chose(op, WARP_OPS), ROTATE, torch.where(op == IDENTITY, _IDENTITY_GROUP, op))
-    counts = torch.bincount(group, minlength=_IDENTITY_GROUP + 1).tolist()
-    runs = [(group_id, count) for group_id, count in enumerate(counts) if count]
-    if len(runs) == 1:
-        return _run_group(runs[0][0], images, op, value)
-    order = torch.argsort(group, stable=True)
-    # Sorted once by group, each group is a slice (a view): three gathers in all rather than three per group.
+    groups = _UINT8_GROUPS if uint8 else _FLOAT_GROUPS
+    counts, order, op_by_group, value_by_group, unsort = _sort_by_group(op, value, groups)
+    # Each group's ops, with their sample counts, in the order of the sort.
+    runs = [[(op_id, counts[op_id + 1]) for op_id in group if counts[op_id + 1]] for group in groups]
+    runs = [group for group in runs if group]
+    if len(runs) == 1 and len(runs[0]) == 1:
+        return _run_group(runs[0], images, op, value)
+    # Sorted once by group and op, each group is a slice (a view): one gather of the images rather than one per
+    # group.
     images_by_group = images.index_select(0, order)
-    op_by_group, value_by_group = op.index_select(0, order), value.index_select(0, order)
     pieces, start = [], 0
-    for group_id, count in runs:
+    for group in runs:
+        count = sum(member_count for _, member_count in group)
         members = slice(start, start + count)
         start += count
-        if group_id == _IDENTITY_GROUP:
+        if group[0][0] == IDENTITY:
             # Copied into the result below, like every piece: no copy of its own.
             pieces.append(images_by_group[members])
         else:
-            pieces.append(_run_group(group_id, images_by_group[members], op_by_group[members], value_by_group[members]))
-    if images.dtype == torch.uint8:
+            pieces.append(_run_group(group, images_by_group[members], op_by_group[members], value_by_group[members]))
+    if uint8:
         # index_copy_ crawls over one-byte elements; concatenating and un-permuting is cheap at one byte.
-        return torch.cat(pieces).index_select(0, torch.argsort(order))
+        return torch.cat(pieces).index_select(0, unsort)
     # Floats are copied into the one full-size result: large allocations are costly on the CPU (every page
     # is faulted in on first touch).
     out = torch.empty_like(images)
@@ -514,11 +624,41 @@ def apply_op(images: Tensor, op: Tensor, value: Tensor) -> Tensor:
     return out
 
 
-def _run_group(group_id: int, images: Tensor, op: Tensor, value: Tensor) -> Tensor:
-    if group_id == ROTATE:
+def _sort_by_group(
+    op: Tensor, value: Tensor, groups: tuple[tuple[int, ...], ...]
+) -> tuple[list[int], Tensor, Tensor, Tensor, Tensor]:
+    """Returns the samples' count per op (indexed by ``op + 1``), the stable order that lists them group after
+    group and op after op, ``op`` and ``value`` in that order, and the order's inverse.
+
+    Raises ValueError for op ids outside ``[IDENTITY, len(PRIMITIVES))``.
+    """
+    rank = _rank(groups)
+    if _eager_cpu(op) and _eager_cpu(value):
+        # The same bookkeeping in NumPy: on arrays of a few hundred ids its calls cost a fraction of torch's.
+        op_np, value_np = op.numpy(), value.numpy()
+        if ((op_np < IDENTITY) | (op_np >= len(PRIMITIVES))).any():
+            raise ValueError(f"op holds {op_np.tolist()}: expected ids in [-1, {len(PRIMITIVES) - 1}]")
+        counts = np.bincount(op_np + 1, minlength=len(PRIMITIVES) + 1).tolist()
+        order = np.argsort(np.asarray(rank)[op_np + 1], kind="stable")
+        unsort = np.empty_like(order)
+        unsort[order] = np.arange(order.size)
+        return counts, *(torch.from_numpy(a) for a in (order, op_np[order], value_np[order], unsort))
+    if bool(((op < IDENTITY) | (op >= len(PRIMITIVES))).any()):
+        raise ValueError(f"op holds {op.tolist()}: expected ids in [-1, {len(PRIMITIVES) - 1}]")
+    counts = torch.bincount(op + 1, minlength=len(PRIMITIVES) + 1).tolist()
+    order = torch.argsort(torch.tensor(rank, device=op.device)[op + 1], stable=True)
+    return counts, order, op.index_select(0, order), value.index_select(0, order), torch.argsort(order)
+
+
+def _run_group(runs: list[tuple[int, int]], images: Tensor, op: Tensor, value: Tensor) -> Tensor:
+    """Returns one group's samples, sorted by op: ``runs`` lists its ops and their counts in order."""
+    group_id = runs[0][0]
+    if group_id in WARP_OPS:
         return _geometric(images, op, value)
     if group_id in SHIFT_OPS:
         return _shift(images, op, value, (group_id,))
+    if images.dtype == torch.uint8 and group_id in LOOKUP_OPS:
+        return _look_up_runs(images, value, runs)
     if group_id in TONE_OPS:
         return _tone_op(images, group_id, value)
     if group_id in BLEND_OPS:

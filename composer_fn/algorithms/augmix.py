@@ -156,7 +156,7 @@ def augmix_apply(images: Tensor, params: AugMixParams) -> Tensor:
     keep = 1.0 - params.mixing.to(images.device, torch.float32).view(batch, 1, 1, 1)
     mixed = combination.lerp_(images.to(torch.float32), keep)
     if images.dtype == torch.uint8:
-        return mixed.round_().clamp_(0.0, 255.0).to(torch.uint8)
+        return ops.to_levels(mixed.round_().clamp_(0.0, 255.0))
     return mixed.to(images.dtype)
 
 
