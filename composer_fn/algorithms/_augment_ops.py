@@ -639,10 +639,11 @@ def _sort_by_group(
         if ((op_np < IDENTITY) | (op_np >= len(PRIMITIVES))).any():
             raise ValueError(f"op holds {op_np.tolist()}: expected ids in [-1, {len(PRIMITIVES) - 1}]")
         counts = np.bincount(op_np + 1, minlength=len(PRIMITIVES) + 1).tolist()
-        order = np.argsort(np.asarray(rank)[op_np + 1], kind="stable")
-        unsort = np.empty_like(order)
-        unsort[order] = np.arange(order.size)
-        return counts, *(torch.from_numpy(a) for a in (order, op_np[order], value_np[order], unsort))
+        order_np = np.argsort(np.asarray(rank)[op_np + 1], kind="stable")
+        unsort_np = np.empty_like(order_np)
+        unsort_np[order_np] = np.arange(order_np.size)
+        arrays = (order_np, op_np[order_np], value_np[order_np], unsort_np)
+        return counts, *(torch.from_numpy(array) for array in arrays)
     if bool(((op < IDENTITY) | (op >= len(PRIMITIVES))).any()):
         raise ValueError(f"op holds {op.tolist()}: expected ids in [-1, {len(PRIMITIVES) - 1}]")
     counts = torch.bincount(op + 1, minlength=len(PRIMITIVES) + 1).tolist()
