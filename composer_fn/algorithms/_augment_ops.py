@@ -35,7 +35,6 @@ Both paths run the same per-element arithmetic and give the same bits.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -518,39 +517,69 @@ def _shift_numpy(images: Tensor, op: np.ndarray, value: np.ndarray, ops: tuple[i
 def _geometric(images: Tensor, op: Tensor, value: Tensor) -> Tensor:
     """Returns each sample resampled through its affine matrix (bilinear, 0 outside the source image)."""
     height, width = images.shape[-2:]
-    a, b, c, d, e, f = (m.view(-1, 1, 1) for m in _affine(op, value, height, width))
-    xs = torch.arange(width, dtype=torch.float32, device=images.device).view(1, 1, width) + 0.5
-    ys = torch.arange(height, dtype=torch.float32, device=images.device).view(1, height, 1) + 0.5
-    # grid_sample's normalized source points (align_corners=False maps [-1, 1] onto the image's outer edges),
-    # each coordinate the sum of an x term [B, 1, W] and a y term [B, H, 1], written into one [B, H, W, 2] grid
-    # (two strided copies cost a fraction of stacking or of a broadcast add over the last dimension).
-    along_x = ((a * xs + c) * (2.0 / width) - 1.0) + (b * ys) * (2.0 / width)
-    along_y = ((d * xs + f) * (2.0 / height) - 1.0) + (e * ys) * (2.0 / height)
-    grid = torch.empty(images.shape[0], height, width, 2, device=images.device)
-    grid[..., 0] = along_x
-    grid[..., 1] = along_y
-    # PIL's bilinear filter: a point inside the image interpolates its neighbours clamped to the image (border
-    # padding), a point outside gives 0.
-    if _eager_cpu(along_x):
-        # The same comparisons in NumPy, whose kernels run several times faster than torch's on the CPU.
-        x_np, y_np = along_x.numpy(), along_y.numpy()
-        inside_np = x_np >= -1.0
-        inside_np &= x_np < 1.0
-        inside_np &= y_np >= -1.0
-        inside_np &= y_np < 1.0
-        inside = torch.from_numpy(inside_np)
+    if _eager_cpu(op) and _eager_cpu(value):
+        grid, inside = _sampling_grid_numpy(op.numpy(), value.numpy(), height, width)
     else:
-        inside = (along_x >= -1.0) & (along_x < 1.0) & (along_y >= -1.0) & (along_y < 1.0)
-    inside = inside.unsqueeze(1).to(torch.float32)
+        grid, inside = _sampling_grid(op, value, height, width)
     out = (
         F.grid_sample(_work(images), grid, mode="bilinear", padding_mode="border", align_corners=False)
-        * inside
+        * inside.unsqueeze(1).to(torch.float32)
     )
     if images.dtype == torch.uint8:
         # Rounded (PIL truncates): the normalized coordinates are exact only to float rounding, and rounding
         # keeps exact maps such as a rotation by 0 degrees exact.
         return to_levels(out.round_())
     return out.to(images.dtype)
+
+
+def _sampling_grid(op: Tensor, value: Tensor, height: int, width: int) -> tuple[Tensor, Tensor]:
+    """Returns ``grid_sample``'s ``[B, H, W, 2]`` grid of normalized source points and where they fall inside.
+
+    ``align_corners=False`` maps ``[-1, 1]`` onto the image's outer edges. Each coordinate is the sum of an x term
+    ``[B, 1, W]`` and a y term ``[B, H, 1]``, written into the grid (two strided copies cost a fraction of
+    stacking). PIL's bilinear filter: a point inside the image interpolates its neighbours clamped to the image
+    (border padding), a point outside gives 0.
+    """
+    a, b, c, d, e, f = (m.view(-1, 1, 1) for m in _affine(op, value, height, width))
+    xs = torch.arange(width, dtype=torch.float32, device=op.device).view(1, 1, width) + 0.5
+    ys = torch.arange(height, dtype=torch.float32, device=op.device).view(1, height, 1) + 0.5
+    along_x = ((a * xs + c) * (2.0 / width) - 1.0) + (b * ys) * (2.0 / width)
+    along_y = ((d * xs + f) * (2.0 / height) - 1.0) + (e * ys) * (2.0 / height)
+    grid = torch.empty(op.shape[0], height, width, 2, device=op.device)
+    grid[..., 0] = along_x
+    grid[..., 1] = along_y
+    inside = (along_x >= -1.0) & (along_x < 1.0) & (along_y >= -1.0) & (along_y < 1.0)
+    return grid, inside
+
+
+def _sampling_grid_numpy(op: np.ndarray, value: np.ndarray, height: int, width: int) -> tuple[Tensor, Tensor]:
+    """``_sampling_grid`` eagerly on the CPU: the same float32 arithmetic in NumPy, whose calls on small arrays
+    and comparisons cost a fraction of torch's (cos and sin stay torch's, so that every bit agrees)."""
+    is_rotate = op == ROTATE
+    radians = torch.from_numpy(np.where(is_rotate, value, 0.0).astype(np.float64)) * (-math.pi / 180.0)
+    cos, sin = torch.cos(radians).to(torch.float32).numpy(), torch.sin(radians).to(torch.float32).numpy()
+    centre_x, centre_y = np.float32(width / 2.0), np.float32(height / 2.0)
+    zero = np.zeros_like(value)
+    a = np.where(is_rotate, cos, np.float32(1.0))
+    b = np.where(is_rotate, sin, np.where(op == SHEAR_X, value, zero))
+    d = np.where(is_rotate, -sin, np.where(op == SHEAR_Y, value, zero))
+    e = a
+    c = np.where(is_rotate, centre_x - a * centre_x - b * centre_y, zero)
+    f = np.where(is_rotate, centre_y - d * centre_x - e * centre_y, zero)
+    a, b, c, d, e, f = (m.reshape(-1, 1, 1) for m in (a, b, c, d, e, f))
+    xs = np.arange(width, dtype=np.float32).reshape(1, 1, width) + np.float32(0.5)
+    ys = np.arange(height, dtype=np.float32).reshape(1, height, 1) + np.float32(0.5)
+    one, scale_x, scale_y = np.float32(1.0), np.float32(2.0 / width), np.float32(2.0 / height)
+    along_x = ((a * xs + c) * scale_x - one) + (b * ys) * scale_x
+    along_y = ((d * xs + f) * scale_y - one) + (e * ys) * scale_y
+    grid = np.empty((op.shape[0], height, width, 2), dtype=np.float32)
+    grid[..., 0] = along_x
+    grid[..., 1] = along_y
+    inside = along_x >= -one
+    inside &= along_x < one
+    inside &= along_y >= -one
+    inside &= along_y < one
+    return torch.from_numpy(grid), torch.from_numpy(inside)
 
 
 # ------------------------------------------------------------------------------------------------ dispatch
@@ -570,11 +599,13 @@ _UINT8_GROUPS: tuple[tuple[int, ...], ...] = (
 )
 
 
-@functools.cache
 def _rank(groups: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
     """Returns each op's place (indexed by ``op + 1``) when the ops are listed group after group."""
     order = [op_id for group in groups for op_id in group]
     return tuple(order.index(op_id) for op_id in range(IDENTITY, len(PRIMITIVES)))
+
+
+_RANKS = {groups: _rank(groups) for groups in (_UINT8_GROUPS, _FLOAT_GROUPS)}
 
 
 def apply_op(images: Tensor, op: Tensor, value: Tensor) -> Tensor:
@@ -632,7 +663,7 @@ def _sort_by_group(
 
     Raises ValueError for op ids outside ``[IDENTITY, len(PRIMITIVES))``.
     """
-    rank = _rank(groups)
+    rank = _RANKS[groups]
     if _eager_cpu(op) and _eager_cpu(value):
         # The same bookkeeping in NumPy: on arrays of a few hundred ids its calls cost a fraction of torch's.
         op_np, value_np = op.numpy(), value.numpy()
@@ -762,33 +793,41 @@ def check_severity(severity: float, augmentation_set: str) -> None:
         )
 
 
-def _strengths(level: Tensor, symmetric: Tensor) -> dict[str, Tensor]:
-    """Returns every op's unsigned argument for the levels drawn (Composer's severity -> magnitude mapping)."""
-    zero = torch.zeros_like(level)
-    original = level * 0.18 + 0.1  # float_parameter(level, 1.8) + 0.1
-    return {
-        "autocontrast": zero,
-        "equalize": zero,
-        "posterize": 4.0 - torch.floor(level * 0.4),  # 4 - int_parameter(level, 4)
-        "rotate": torch.floor(level * 3.0),  # int_parameter(level, 30) degrees
-        "solarize": 256.0 - torch.floor(level * 25.6),  # 256 - int_parameter(level, 256)
-        "shear_x": level * 0.03,  # float_parameter(level, 0.3)
-        "shear_y": level * 0.03,
+# Composer's severity -> magnitude mapping, per op: (scale, floored, offset, factor, kind). For kind 0 the argument
+# is ``offset + factor * g(level * scale)``, with ``g`` the floor when ``floored`` (Composer's int_parameter) and
+# the identity otherwise (float_parameter); kind 1 is the colour ops' symmetric factor, kind 2 brightness's.
+_MAPPING: Mapping[str, tuple[float, float, float, float, float]] = MappingProxyType(
+    {
+        "autocontrast": (0.0, 0.0, 0.0, 1.0, 0.0),
+        "equalize": (0.0, 0.0, 0.0, 1.0, 0.0),
+        "posterize": (0.4, 1.0, 4.0, -1.0, 0.0),  # 4 - int_parameter(level, 4)
+        "rotate": (3.0, 1.0, 0.0, 1.0, 0.0),  # int_parameter(level, 30) degrees
+        "solarize": (25.6, 1.0, 256.0, -1.0, 0.0),  # 256 - int_parameter(level, 256)
+        "shear_x": (0.03, 0.0, 0.0, 1.0, 0.0),  # float_parameter(level, 0.3)
+        "shear_y": (0.03, 0.0, 0.0, 1.0, 0.0),
         # int_parameter(level, side / 3): kept as a fraction of the side, floored to pixels at apply time.
-        "translate_x": level * (1.0 / 30.0),
-        "translate_y": level * (1.0 / 30.0),
-        "color": symmetric,
-        "contrast": symmetric,
-        "brightness": torch.where(symmetric > 1.0, symmetric * 0.75, symmetric),
-        "sharpness": symmetric,
-        "color_original": original,
-        "contrast_original": original,
-        "brightness_original": original,
-        "sharpness_original": original,
+        "translate_x": (1.0 / 30.0, 0.0, 0.0, 1.0, 0.0),
+        "translate_y": (1.0 / 30.0, 0.0, 0.0, 1.0, 0.0),
+        "color": (0.0, 0.0, 0.0, 0.0, 1.0),
+        "contrast": (0.0, 0.0, 0.0, 0.0, 1.0),
+        "brightness": (0.0, 0.0, 0.0, 0.0, 2.0),  # the symmetric factor, times 0.75 above 1
+        "sharpness": (0.0, 0.0, 0.0, 0.0, 1.0),
+        # float_parameter(level, 1.8) + 0.1
+        **{name: (0.18, 0.0, 0.1, 1.0, 0.0) for name in _ORIGINAL},
     }
-
+)
 
 _SIGNED = frozenset({"rotate", "shear_x", "shear_y", "translate_x", "translate_y"})
+
+
+def _set_table(augmentation_set: str) -> tuple[tuple[tuple[float, ...], ...], tuple[int, ...]]:
+    """Returns the set's rows of ``_MAPPING`` plus its signed flag and ±1, and its members' op ids."""
+    names = augmentation_sets[augmentation_set]
+    rows = tuple((*_MAPPING[name], float(name in _SIGNED), -1.0, 1.0) for name in names)
+    return rows, tuple(PRIMITIVES.index(name.removesuffix("_original")) for name in names)
+
+
+_SET_TABLES = {name: _set_table(name) for name in augmentation_sets}
 
 
 def draw_ops(
@@ -800,21 +839,37 @@ def draw_ops(
     level ``U(0.1, severity)``, the sign (negative when above 0.5, for the ops Composer flips) and the colour
     ops' symmetric factor: ``U(1, severity)`` or ``U(1 - 0.09 severity, 1)``, each with probability 1/2.
     """
-    names = augmentation_sets[augmentation_set]
+    rows, op_ids = _SET_TABLES[augmentation_set]
+    if _eager_cpu(uniforms) and _eager_cpu(choice):
+        # The same float32 arithmetic in NumPy: its calls on these small arrays cost a fraction of torch's.
+        choice_np = choice.numpy()
+        magnitude_np, sign_np = _draw(uniforms.numpy(), np.asarray(rows, dtype=np.float32)[choice_np], severity, np)
+        return (
+            torch.from_numpy(np.asarray(op_ids)[choice_np]),
+            torch.from_numpy(magnitude_np),
+            torch.from_numpy(sign_np),
+        )
+    table = torch.tensor(rows, dtype=torch.float32, device=choice.device)
+    magnitude, sign = _draw(uniforms, table[choice], severity, torch)
+    return torch.tensor(op_ids, device=choice.device)[choice], magnitude, sign
+
+
+def _draw(uniforms: Any, coefficients: Any, severity: float, xp: Any) -> tuple[Any, Any]:
+    """Returns the magnitude and sign from ``uniforms`` and each draw's row of ``_set_table`` (float32 arrays of
+    ``xp``, torch or NumPy: Python scalars take the arrays' dtype in both, so both give the same bits)."""
     level = 0.1 + (severity - 0.1) * uniforms[..., 0]
-    symmetric = torch.where(
+    symmetric = xp.where(
         uniforms[..., 2] > 0.5,
         1.0 + (severity - 1.0) * uniforms[..., 3],
         (1.0 - 0.09 * severity) + (0.09 * severity) * uniforms[..., 3],
     )
-    strengths = _strengths(level, symmetric)
-    magnitude = torch.stack([strengths[name] for name in names], dim=-1).gather(-1, choice.unsqueeze(-1))
-    op_ids = torch.tensor(
-        [PRIMITIVES.index(name.removesuffix("_original")) for name in names], device=choice.device
-    )
-    signed = torch.tensor([name in _SIGNED for name in names], device=choice.device)[choice]
-    sign = torch.where(signed & (uniforms[..., 1] > 0.5), -1.0, 1.0)
-    return op_ids[choice], magnitude.squeeze(-1), sign
+    scale, floored, offset, factor, kind, signed, minus, plus = (coefficients[..., i] for i in range(8))
+    scaled = level * scale
+    linear = offset + factor * xp.where(floored > 0.5, xp.floor(scaled), scaled)
+    colour = xp.where((kind > 1.5) & (symmetric > 1.0), symmetric * 0.75, symmetric)
+    magnitude = xp.where(kind > 0.5, colour, linear)
+    sign = xp.where((signed > 0.5) & (uniforms[..., 1] > 0.5), minus, plus)
+    return magnitude, sign
 
 
 def op_arguments(op: Tensor, magnitude: Tensor, sign: Tensor, images: Tensor) -> Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -336,3 +337,39 @@ def test_bad_inputs_name_the_argument_and_value() -> None:
         ops.check_severity(11, "all")
     with pytest.raises(ValueError, match="augmentation_set='most'"):
         ops.check_severity(3, "most")
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """The tensor's bit patterns (so that -0.0 and 0.0 differ)."""
+    if not x.is_floating_point():
+        return x
+    return x.view({2: torch.int16, 4: torch.int32}[x.element_size()])
+
+
+def _tensor_forms():
+    """Runs the ops as on a GPU or under tracing: their tensor forms instead of the eager CPU NumPy ones."""
+    return mock.patch.object(ops, "_eager_cpu", lambda values: False)
+
+
+@given(seeds, st.integers(1, 12), channels, st.integers(1, 9), st.integers(1, 9), st.sampled_from(DTYPES))
+def test_the_eager_cpu_numpy_forms_equal_the_tensor_forms_bit_for_bit(seed, batch, c, h, w, dtype) -> None:
+    x = _images(seed, (batch, c, h, w), dtype)
+    if dtype != torch.uint8:
+        x = (x.to(torch.float32) * 2.0 - 0.5).to(dtype)  # negative values too: shifted-out zeros keep their sign bit
+    op = R.randint(R.fold_in(R.key(seed), 4), -1, len(ops.PRIMITIVES), (batch,))
+    value = _draw(seed, batch, -4.0, 4.0).round() * torch.tensor([1.0, 0.37])[seed % 2]
+    eager = ops.apply_op(x, op, value)
+    with _tensor_forms():
+        tensor = ops.apply_op(x, op, value)
+    assert torch.equal(_bits(eager), _bits(tensor))
+
+
+@given(st.floats(0.0, 10.0), st.sampled_from(sorted(ops.augmentation_sets)), seeds)
+def test_the_eager_cpu_draws_equal_the_tensor_draws_bit_for_bit(severity, set_name, seed) -> None:
+    uniforms = R.uniform(R.key(seed), (40, 2, 4))
+    choice = R.randint(R.fold_in(R.key(seed), 1), 0, len(ops.augmentation_sets[set_name]), (40, 2))
+    eager = ops.draw_ops(uniforms, choice, severity, set_name)
+    with _tensor_forms():
+        tensor = ops.draw_ops(uniforms, choice, severity, set_name)
+    for mine, reference in zip(eager, tensor, strict=True):
+        assert mine.dtype == reference.dtype and torch.equal(_bits(mine), _bits(reference))
