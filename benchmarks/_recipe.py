@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
 
@@ -37,3 +38,18 @@ def train_digits(
     started = time.perf_counter()
     metrics = run.fit()
     return metrics["eval_accuracy"], time.perf_counter() - started
+
+
+def print_effect_rows(results: dict[str, list[tuple[float, float]]], base: str, width: int) -> None:
+    """Prints one row per configuration of ``(accuracy, seconds)`` runs: mean, min and max accuracy, the mean's
+    difference from ``base``'s in points, mean time and its ratio to ``base``'s."""
+    base_accuracy = statistics.mean(a for a, _ in results[base])
+    base_seconds = statistics.mean(t for _, t in results[base])
+    for name, runs in results.items():
+        accuracies = [a for a, _ in runs]
+        seconds = statistics.mean(t for _, t in runs)
+        delta = statistics.mean(accuracies) - base_accuracy
+        print(
+            f"{name:<{width}} {statistics.mean(accuracies):>13.2%} {min(accuracies):>7.2%} {max(accuracies):>7.2%} "
+            f"{delta * 100:>+6.2f}p {seconds:>7.2f} {seconds / base_seconds:>6.2f}x"
+        )

@@ -17,11 +17,10 @@ seed. Held-out accuracy is over the 360 held-out digits; time is the wall time o
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 
 import torch
-from _recipe import train_digits
+from _recipe import print_effect_rows, train_digits
 from torch import nn
 
 from composer_fn.algorithms.gyro_dropout import GyroDropout
@@ -81,17 +80,7 @@ def main() -> None:
         for seed in range(args.seeds):
             for name, configuration in configurations.items():
                 results[name].append(run(configuration, seed, args.epochs))
-        base = next(iter(results.values()))
-        base_accuracy = statistics.mean(a for a, _ in base)
-        base_seconds = statistics.mean(t for _, t in base)
-        for name, runs in results.items():
-            accuracies = [a for a, _ in runs]
-            seconds = statistics.mean(t for _, t in runs)
-            delta = statistics.mean(accuracies) - base_accuracy
-            print(
-                f"{name:<30} {statistics.mean(accuracies):>13.2%} {min(accuracies):>7.2%} {max(accuracies):>7.2%} "
-                f"{delta * 100:>+6.2f}p {seconds:>7.2f} {seconds / base_seconds:>6.2f}x"
-            )
+        print_effect_rows(results, next(iter(results)), 30)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 
 import torch
-from _recipe import train_digits
+from _recipe import print_effect_rows, train_digits
 
 from composer_fn.algorithms import StochasticDepth
 from composer_fn.core.algorithm import Algorithm, algorithm_from_config
@@ -87,17 +86,7 @@ def main() -> None:
     print(
         f"{'configuration':<58} {'accuracy mean':>13} {'min':>7} {'max':>7} {'Δ mean':>7} {'time s':>7} {'vs base':>7}"
     )
-    base = results["baseline"]
-    base_accuracy = statistics.mean(a for a, _ in base)
-    base_seconds = statistics.mean(t for _, t in base)
-    for name, runs in results.items():
-        accuracies = [a for a, _ in runs]
-        seconds = statistics.mean(t for _, t in runs)
-        delta = statistics.mean(accuracies) - base_accuracy
-        print(
-            f"{name:<58} {statistics.mean(accuracies):>13.2%} {min(accuracies):>7.2%} {max(accuracies):>7.2%} "
-            f"{delta * 100:>+6.2f}p {seconds:>7.2f} {seconds / base_seconds:>6.2f}x"
-        )
+    print_effect_rows(results, "baseline", 58)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as stream:
             json.dump({name: [list(r) for r in runs] for name, runs in results.items()}, stream, indent=2)

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from composer_fn.core import random as R
+from composer_fn.core.host import readable_on_host
 
 __all__ = [
     "PRIMITIVES",
@@ -161,16 +162,6 @@ def _rows(mask: Tensor) -> Tensor:
 
 def _compiling() -> bool:
     return torch.compiler.is_compiling()
-
-
-def _eager_cpu(values: Tensor) -> bool:
-    """Whether ``values`` is a plain CPU tensor outside tracing, whose NumPy view is the tensor itself."""
-    return (
-        values.device.type == "cpu"
-        and not values.requires_grad
-        and not _compiling()
-        and not torch._C._functorch.is_functorch_wrapped_tensor(values)
-    )
 
 
 def _chose(op: Tensor, ops: tuple[int, ...]) -> Tensor:
@@ -473,7 +464,7 @@ def _shift(images: Tensor, op: Tensor, value: Tensor, ops: tuple[int, ...] = SHI
     the images' own dtype: whole rows for vertical shifts, one gather along the rows for horizontal ones.
     ``ops`` says which of the two translations the batch may hold.
     """
-    if _eager_cpu(op) and _eager_cpu(value):
+    if readable_on_host(op) and readable_on_host(value):
         return _shift_numpy(images, op.numpy(), value.numpy(), ops)
     batch, channels, height, width = images.shape
     out = images
@@ -520,7 +511,7 @@ def _shift_numpy(images: Tensor, op: np.ndarray, value: np.ndarray, ops: tuple[i
 def _geometric(images: Tensor, op: Tensor, value: Tensor) -> Tensor:
     """Returns each sample resampled through its affine matrix (bilinear, 0 outside the source image)."""
     height, width = images.shape[-2:]
-    if _eager_cpu(op) and _eager_cpu(value):
+    if readable_on_host(op) and readable_on_host(value):
         grid, inside = _sampling_grid_numpy(op.numpy(), value.numpy(), height, width)
     else:
         grid, inside = _sampling_grid(op, value, height, width)
@@ -667,7 +658,7 @@ def _sort_by_group(
     Raises ValueError for op ids outside ``[IDENTITY, len(PRIMITIVES))``.
     """
     rank = _RANKS[groups]
-    if _eager_cpu(op) and _eager_cpu(value):
+    if readable_on_host(op) and readable_on_host(value):
         # The same bookkeeping in NumPy: on arrays of a few hundred ids its calls cost a fraction of torch's.
         op_np, value_np = op.numpy(), value.numpy()
         if ((op_np < IDENTITY) | (op_np >= len(PRIMITIVES))).any():
@@ -843,7 +834,7 @@ def draw_ops(
     ops' symmetric factor: ``U(1, severity)`` or ``U(1 - 0.09 severity, 1)``, each with probability 1/2.
     """
     rows, op_ids = _SET_TABLES[augmentation_set]
-    if _eager_cpu(uniforms) and _eager_cpu(choice):
+    if readable_on_host(uniforms) and readable_on_host(choice):
         # The same float32 arithmetic in NumPy: its calls on these small arrays cost a fraction of torch's.
         choice_np = choice.numpy()
         magnitude_np, sign_np = _draw(uniforms.numpy(), np.asarray(rows, dtype=np.float32)[choice_np], severity, np)

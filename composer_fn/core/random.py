@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from composer_fn.core.host import readable_on_host
+
 __all__ = [
     "Key",
     "HostKey",
@@ -195,17 +197,9 @@ def bits(k: Key, shape: Sequence[int] | int) -> Tensor:
     per key.
     """
     dims = _shape(shape)
-    if _eager_cpu(k):
+    if readable_on_host(k):
         return _bits_numpy(k, dims)
     return _bits_tensor(k, dims)
-
-
-def _eager_cpu(k: Key) -> bool:
-    return (
-        k.device.type == "cpu"
-        and not torch.compiler.is_compiling()
-        and not torch._C._functorch.is_functorch_wrapped_tensor(k)
-    )
 
 
 def _bits_tensor(k: Key, dims: tuple[int, ...]) -> Tensor:

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from composer_fn.core.host import readable_on_host
 from composer_fn.optim.base import (
     EmptyState,
     GradientTransformation,
@@ -135,14 +136,6 @@ def scale(factor: float) -> GradientTransformation:
     return GradientTransformation(empty_state, update)
 
 
-def _readable_on_host(tensor: Tensor) -> bool:
-    return (
-        tensor.device.type == "cpu"
-        and not torch.compiler.is_compiling()
-        and not torch._C._functorch.is_functorch_wrapped_tensor(tensor)
-    )
-
-
 def scale_by_schedule(schedule: ScheduleMultiplier, *, host_evaluable: bool = False) -> GradientTransformation:
     """Returns a transform that scales updates by a schedule of the update count: ``u ← s(t) · u``.
 
@@ -163,7 +156,7 @@ def scale_by_schedule(schedule: ScheduleMultiplier, *, host_evaluable: bool = Fa
         if not updates:
             return {}, ScaleByScheduleState(count=state.count + 1)
         with torch.no_grad():
-            if host_evaluable and _readable_on_host(state.count):
+            if host_evaluable and readable_on_host(state.count):
                 # Eager on the CPU the count can be read for free: the schedule runs on a Python int, and a
                 # multiplier of exactly 1 (a constant schedule) needs no multiplication at all.
                 value = float(schedule(int(state.count)))  # type: ignore[arg-type]

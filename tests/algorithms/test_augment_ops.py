@@ -348,7 +348,7 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 
 def _tensor_forms():
     """Runs the ops as on a GPU or under tracing: their tensor forms instead of the eager CPU NumPy ones."""
-    return mock.patch.object(ops, "_eager_cpu", lambda values: False)
+    return mock.patch.object(ops, "readable_on_host", lambda values: False)
 
 
 @given(seeds, st.integers(1, 12), channels, st.integers(1, 9), st.integers(1, 9), st.sampled_from(DTYPES))
