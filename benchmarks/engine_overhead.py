@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import sys
 import timeit
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,7 +74,7 @@ class NoOp(Algorithm):
     def name(self) -> str:
         return f"noop_{self.index}"
 
-    def traced_hooks(self) -> Mapping[Event, Hook]:
+    def traced_hooks(self, plan_key: Hashable = ()) -> Mapping[Event, Hook]:
         return {self.event: self._identity} if self.event.traced else {}
 
     def host_hooks(self) -> Mapping[Event, HostHook]:

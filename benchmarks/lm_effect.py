@@ -33,8 +33,8 @@ from composer_fn.core.random import key
 from composer_fn.core.state import Precision
 from composer_fn.core.time import Timestamp
 from composer_fn.data.text import load_stdlib_text_task
-from composer_fn.models.init import init_parameters
 from composer_fn.models.lm import CausalLM, causal_lm_loss
+from composer_fn.nn import init_parameters
 from composer_fn.trainer import Trainer
 
 BATCH_SIZE = 32

@@ -14,8 +14,8 @@ from torch import nn
 from composer_fn import optim
 from composer_fn.core import random as R
 from composer_fn.core.algorithm import REGISTRY, Algorithm
-from composer_fn.core.engine import dry_run
 from composer_fn.data import TensorLoader, load_digits_task, synthetic_images
+from composer_fn.dry_run import dry_run
 from composer_fn.loggers import JSONLLogger, Logger
 from composer_fn.models import MLP, SmallCNN
 
@@ -52,28 +52,13 @@ def _synthetic_data(
     return (images[:2048], labels[:2048]), (images[2048:], labels[2048:])
 
 
+_DIGITS = "scikit-learn's bundled 8x8 handwritten digits (1437 train / 360 held out), a small CNN with BatchNorm"
+_SYNTHETIC = "a keyed synthetic 10-class 3x16x16 image task, a small CNN"
 TASKS: dict[str, Task] = {
-    "digits": Task(
-        "scikit-learn's bundled 8x8 handwritten digits (1437 train / 360 held out), a small CNN with BatchNorm",
-        _digits_data,
-        lambda: SmallCNN(in_channels=1, num_classes=10),
-        batch_size=64,
-        learning_rate=0.1,
-    ),
-    "digits-mlp": Task(
-        "the same digits with an MLP",
-        _digits_data,
-        lambda: MLP(64, 10, hidden=(128,)),
-        batch_size=64,
-        learning_rate=0.1,
-    ),
-    "synthetic": Task(
-        "a keyed synthetic 10-class 3x16x16 image task, a small CNN",
-        _synthetic_data,
-        lambda: SmallCNN(in_channels=3, num_classes=10),
-        batch_size=128,
-        learning_rate=0.05,
-    ),
+    # name: Task(description, data, model, batch size, learning rate)
+    "digits": Task(_DIGITS, _digits_data, lambda: SmallCNN(in_channels=1, num_classes=10), 64, 0.1),
+    "digits-mlp": Task("the same digits with an MLP", _digits_data, lambda: MLP(64, 10, hidden=(128,)), 64, 0.1),
+    "synthetic": Task(_SYNTHETIC, _synthetic_data, lambda: SmallCNN(in_channels=3, num_classes=10), 128, 0.05),
 }
 
 
@@ -116,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _wants_unit_range(algorithms: tuple[Algorithm, ...]) -> bool:
     """Returns whether an algorithm takes pixels in [0, 1] (then the task's inputs are not standardised)."""
-    return any(a.input_range is not None for a in algorithms)
+    return any(a.capabilities().input_range is not None for a in algorithms)
 
 
 def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Task) -> int:

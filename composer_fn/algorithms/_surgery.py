@@ -18,13 +18,12 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from composer_fn.core import random as R
-from composer_fn.core.algorithm import Algorithm, HostHook
+from composer_fn.core.algorithm import Algorithm, Capabilities, HostHook
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static
 from composer_fn.core.time import Timestamp
@@ -104,8 +103,6 @@ def surgery_key(state_key: Tensor, name: str) -> Tensor:
 class Surgery(Algorithm):
     """Base record of model-surgery algorithms: a pure rewrite of the model at INIT (see the module docstring)."""
 
-    rewrites_model: ClassVar[bool] = True
-
     def targets(self, module: nn.Module) -> frozenset[str]:
         """Returns the qualified names of the submodules ``rewrite`` would replace (empty once applied)."""
         raise NotImplementedError
@@ -118,7 +115,11 @@ class Surgery(Algorithm):
         """Returns ``rewrite(module, key)``; a surgery whose layers depend on the run (its length) overrides this."""
         return self.rewrite(module, key)
 
+    def capabilities(self) -> Capabilities:
+        return Capabilities(rewrites=self.surgery_targets)
+
     def surgery_targets(self, module: object) -> frozenset[str]:
+        """Returns ``targets(module)`` for a module, and nothing for anything else."""
         if not isinstance(module, nn.Module):
             return frozenset()
         return self.targets(module)

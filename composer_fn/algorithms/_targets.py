@@ -1,4 +1,4 @@
-"""Target handling shared by the label-mixing algorithms."""
+"""Class targets as probabilities, shared by label smoothing and the label-mixing algorithms."""
 
 from __future__ import annotations
 
@@ -6,27 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from composer_fn.core.state import State
-
-
-def check_mixing(alpha: float, per_sample: bool, interpolate_loss: bool) -> None:
-    """Raises ValueError for a label-mixing algorithm's hyperparameters that cannot work together."""
-    if alpha < 0:
-        raise ValueError(f"alpha={alpha!r} must be non-negative")
-    if per_sample and interpolate_loss:
-        raise ValueError(
-            "per_sample=True with interpolate_loss=True: a per-example weight cannot interpolate the "
-            "batch-mean loss; use interpolate_loss=False (mixed targets) or per_sample=False"
-        )
-
-
-def draws_at_rest(state: State, per_sample: bool) -> Tensor:
-    """Returns a label-mixing algorithm's ``State.algos`` entry between steps: 0-d, or empty per sample.
-
-    Per-example draws live in the state only from BATCH_START to the step; at rest the entry is empty, so a
-    checkpoint has the same shape whatever the batch size.
-    """
-    return torch.zeros((0,) if per_sample else (), dtype=torch.float32, device=state.step.device)
+from composer_fn.core.host import eager
 
 
 def ensure_targets_one_hot(target: Tensor, num_classes: int) -> Tensor:
@@ -43,7 +23,7 @@ def ensure_targets_one_hot(target: Tensor, num_classes: int) -> Tensor:
         return target
     if target.dtype in (torch.bool, torch.complex64, torch.complex128):
         raise TypeError(f"target of dtype {target.dtype}: expected integer class indices or float probabilities")
-    if torch.compiler.is_compiling():
+    if not eager():
         # The same 0/1 values by comparison: F.one_hot checks its indices against num_classes, a
         # data-dependent test that some dynamo versions (2.11 among them) cannot trace. Eager calls keep the
         # check, so an out-of-range class still raises.

@@ -1,24 +1,32 @@
-"""When Composer's host events happen, seen from the timestamps our trainer plans with, and time parsing."""
+"""When Composer's host events happen, seen from the timestamps our trainer plans with, and how a record
+stores a time it was given."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from composer_fn.core.time import Time, Timestamp, TimeUnit
+from composer_fn.core.time import Time, Timestamp
+from composer_fn.core.validate import is_integer
 
-__all__ = ["parse_time", "batch_end_times", "epoch_end_times"]
+__all__ = ["stored_time", "batch_end_times", "epoch_end_times"]
 
 
-def parse_time(value: str, argument: str, units: tuple[TimeUnit, ...], example: str) -> Time:
-    """Returns ``value`` parsed as a time in one of ``units``; a ValueError names ``argument`` otherwise."""
-    accepted = ", ".join(u.value for u in units)
-    try:
-        parsed = Time.from_timestring(value) if isinstance(value, str) else None
-    except (ValueError, TypeError):
-        parsed = None
-    if parsed is None or parsed.unit not in units:
-        raise ValueError(f"{argument}={value!r} must be a time string in {accepted}, e.g. {example!r}")
-    return parsed
+def stored_time(argument: str, value: object, example: str) -> float | str:
+    """Returns ``value`` in the form a record stores a time: a float (a fraction of the run) or a time string.
+
+    An int becomes a float and a ``Time`` its string, so that equal times make equal, JSON-friendly records.
+    Raises TypeError naming ``argument`` for anything else; ``example`` shows a time string it accepts.
+    """
+    if isinstance(value, Time):
+        return value.to_timestring()
+    if is_integer(value):
+        return float(value)
+    if not isinstance(value, float | str):
+        raise TypeError(
+            f"{argument}={value!r} ({type(value).__name__}): expected a fraction of the run (float), a time "
+            f"string such as {example!r}, or a Time"
+        )
+    return value
 
 
 def batch_end_times(timestamp: Timestamp) -> tuple[Timestamp, Timestamp | None]:

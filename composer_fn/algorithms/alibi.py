@@ -32,11 +32,12 @@ from torch import Tensor, nn
 
 from composer_fn.algorithms._surgery import Surgery, replace_modules
 from composer_fn.algorithms.seq_length_warmup import set_batch_sequence_length
+from composer_fn.core import validate
 from composer_fn.core.algorithm import Hook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, StepCtx
 from composer_fn.core.time import Timestamp
-from composer_fn.models.transformer import protocol_attribute, protocol_blocks
+from composer_fn.nn import protocol_attribute, protocol_blocks
 
 __all__ = [
     "Alibi",
@@ -54,8 +55,7 @@ def alibi_slopes(num_heads: int) -> list[float]:
     For a power of two ``n``: ``2 ** (-8 (h + 1) / n)`` for ``h = 0 .. n - 1``. Otherwise the slopes of the
     largest power of two ``p < n`` followed by the first ``n - p`` of every other slope of ``2 p``.
     """
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-        raise ValueError(f"num_heads={num_heads!r} must be an int >= 1")
+    validate.integer("num_heads", num_heads, minimum=1)
     if num_heads & (num_heads - 1) == 0:
         return [2.0 ** (-8.0 * (head + 1) / num_heads) for head in range(num_heads)]
     closest = 2 ** math.floor(math.log2(num_heads))
@@ -119,18 +119,13 @@ def _alibi_targets(model: nn.Module) -> frozenset[str]:
 def apply_alibi(model: nn.Module, max_sequence_length: int) -> nn.Module:
     """Returns a copy of ``model`` with ALiBi attention biases and no position embedding; ``model`` is untouched.
 
-    ``model`` follows the transformer protocol (``composer_fn.models.transformer``); a model that does not
+    ``model`` follows the transformer protocol (``composer_fn.nn.blocks``); a model that does not
     raises a TypeError naming the missing attribute. The copy accepts sequences up to ``max_sequence_length``
     (its ``max_seq_len``). Applying it to a model that already has ALiBi only sets that length. No parameter
     is drawn, so no key is needed. Composer's ``apply_alibi`` leaves batches alone too: the shorter training
     rows are ``scale_batch_sequence_length`` (the ``Alibi`` algorithm does both).
     """
-    if (
-        isinstance(max_sequence_length, bool)
-        or not isinstance(max_sequence_length, int)
-        or max_sequence_length < 1
-    ):
-        raise ValueError(f"max_sequence_length={max_sequence_length!r} must be an int >= 1")
+    validate.integer("max_sequence_length", max_sequence_length, minimum=1)
     targets = _alibi_targets(model)
     replacements: dict[str, nn.Module] = {}
     for name, block in protocol_blocks(model):
@@ -154,7 +149,8 @@ def scaled_sequence_length(
     Raises ValueError unless the length is at least 1 and divides the batch's ``batch_size * sequence_length``
     tokens, so that the reshape keeps every token.
     """
-    _check_scaling(train_sequence_length_scaling)
+    scaling = train_sequence_length_scaling
+    validate.real("train_sequence_length_scaling", scaling, minimum=0.0, maximum=1.0, open_below=True)
     length = int(sequence_length * train_sequence_length_scaling)
     tokens = batch_size * sequence_length
     if length < 1 or tokens % length:
@@ -194,11 +190,6 @@ def _batch_shape(batch: Any) -> tuple[int, int]:
     return int(batch_size), int(sequence_length)
 
 
-def _check_scaling(value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-        raise ValueError(f"train_sequence_length_scaling={value!r} must be a number in (0, 1]")
-
-
 @register
 @dataclass(frozen=True)
 class Alibi(Surgery):
@@ -210,19 +201,14 @@ class Alibi(Surgery):
         train_sequence_length_scaling: the training rows' length as a fraction of the batch's (1 keeps it).
     """
 
-    modality = "tokens"
 
     max_sequence_length: int = 8192
     train_sequence_length_scaling: float = 0.25
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.max_sequence_length, bool)
-            or not isinstance(self.max_sequence_length, int)
-            or self.max_sequence_length < 1
-        ):
-            raise ValueError(f"max_sequence_length={self.max_sequence_length!r} must be an int >= 1")
-        _check_scaling(self.train_sequence_length_scaling)
+        validate.integer("max_sequence_length", self.max_sequence_length, minimum=1)
+        scaling = self.train_sequence_length_scaling
+        validate.real("train_sequence_length_scaling", scaling, minimum=0.0, maximum=1.0, open_below=True)
 
     def targets(self, module: nn.Module) -> frozenset[str]:
         return _alibi_targets(module)
@@ -236,13 +222,10 @@ class Alibi(Surgery):
         batch_size, sequence_length = meta.input_shape
         return scaled_sequence_length(batch_size, sequence_length, self.train_sequence_length_scaling)
 
-    def traced_hooks_at(self, plan_key: Hashable) -> Mapping[Event, Hook]:
-        if plan_key is not None and (isinstance(plan_key, bool) or not isinstance(plan_key, int)):
+    def traced_hooks(self, plan_key: Hashable = None) -> Mapping[Event, Hook]:
+        if plan_key is not None and not validate.is_integer(plan_key):
             raise TypeError(f"plan_key={plan_key!r}: expected the training row length (an int) or None")
         return {Event.AFTER_DATALOADER: functools.partial(self._reshape, plan_key)}
-
-    def traced_hooks(self) -> Mapping[Event, Hook]:
-        return self.traced_hooks_at(None)
 
     def _reshape(self, length: int | None, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
         # Without a plan key (a caller that did not describe the batch) the length follows the traced shape.

@@ -16,18 +16,17 @@ proposals' centre ``d`` is used), in float64 and in log space so that a small ``
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from composer_fn.algorithms import _augment_ops as ops
+from composer_fn.algorithms import _augment as ops
+from composer_fn.algorithms._batch_transform import BatchTransform
 from composer_fn.core import random as R
-from composer_fn.core.algorithm import Algorithm, Hook, register
-from composer_fn.core.event import Event
-from composer_fn.core.state import State, StepCtx, batch_get, batch_set
+from composer_fn.core import validate
+from composer_fn.core.algorithm import register
 
 __all__ = [
     "AugMix",
@@ -202,12 +201,9 @@ def augmix_image(
 
 def _check(severity: float, depth: int, width: int, alpha: float, augmentation_set: str) -> None:
     ops.check_severity(severity, augmentation_set)
-    if isinstance(depth, bool) or not isinstance(depth, int):
-        raise ValueError(f"depth={depth!r} must be an int (<= 0 for a random 1 to 3 ops per chain)")
-    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-        raise ValueError(f"width={width!r} must be a positive int")
-    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not alpha > 0 or math.isinf(alpha):
-        raise ValueError(f"alpha={alpha!r} must be a positive, finite number")
+    validate.integer("depth", depth, hint="<= 0 for a random 1 to 3 ops per chain")
+    validate.integer("width", width, minimum=1)
+    validate.real("alpha", alpha, minimum=0.0, open_below=True)
 
 
 class AugmentAndMixTransform(ops.KeyedTransform):
@@ -250,7 +246,7 @@ class AugmentAndMixTransform(ops.KeyedTransform):
 
 @register
 @dataclass(frozen=True)
-class AugMix(Algorithm):
+class AugMix(BatchTransform):
     """Augments the input batch with AugMix on the device (Composer's ``AugMix``).
 
     Args:
@@ -275,23 +271,7 @@ class AugMix(Algorithm):
     def __post_init__(self) -> None:
         _check(self.severity, self.depth, self.width, self.alpha, self.augmentation_set)
 
-    @property
-    def stochastic(self) -> bool:
-        return True
-
-    def traced_hooks(self) -> Mapping[Event, Hook]:
-        return {Event.AFTER_DATALOADER: self._augment}
-
-    def _augment(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
-        images = batch_get(ctx.batch, self.input_key)
-        params = augmix_params(
-            R.fold_in(ctx.key, R.name_to_int(self.name)),
-            images.shape[0],
-            severity=self.severity,
-            depth=self.depth,
-            width=self.width,
-            alpha=self.alpha,
-            augmentation_set=self.augmentation_set,
+    def transform(self, key: R.Key, input: Tensor) -> Tensor:
+        return augmix_batch(
+            input, self.severity, self.depth, self.width, self.alpha, self.augmentation_set, key=key
         )
-        augmented = augmix_apply(images, params)
-        return state, ctx.replace(batch=batch_set(ctx.batch, self.input_key, augmented))

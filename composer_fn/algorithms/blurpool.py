@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composer_fn.algorithms._surgery import Surgery, matching_modules, replace_modules
+from composer_fn.core import validate
 from composer_fn.core.algorithm import register
 
 __all__ = [
@@ -194,15 +195,10 @@ class BlurMaxPool2d(nn.Module):
 
 
 def _check(replace_convs: bool, replace_maxpools: bool, blur_first: bool, min_channels: int) -> None:
-    for name, flag in (
-        ("replace_convs", replace_convs),
-        ("replace_maxpools", replace_maxpools),
-        ("blur_first", blur_first),
-    ):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name}={flag!r} must be a bool")
-    if isinstance(min_channels, bool) or not isinstance(min_channels, int) or min_channels < 0:
-        raise ValueError(f"min_channels={min_channels!r} must be an int >= 0")
+    validate.flag("replace_convs", replace_convs)
+    validate.flag("replace_maxpools", replace_maxpools)
+    validate.flag("blur_first", blur_first)
+    validate.integer("min_channels", min_channels, minimum=0)
 
 
 def _blurpool_targets(
@@ -276,11 +272,6 @@ class BlurPool(Surgery):
     blur_first: bool = True
     min_channels: int = 16
 
-    @classmethod
-    def for_checks(cls) -> BlurPool:
-        """Returns ``min_channels=8``, so the contract suite's width-8 SmallCNN has a convolution to blur."""
-        return cls(min_channels=8)
-
     def __post_init__(self) -> None:
         _check(self.replace_convs, self.replace_maxpools, self.blur_first, self.min_channels)
 
@@ -291,9 +282,5 @@ class BlurPool(Surgery):
 
     def rewrite(self, module: nn.Module, key: Tensor) -> nn.Module:
         return apply_blurpool(
-            module,
-            replace_convs=self.replace_convs,
-            replace_maxpools=self.replace_maxpools,
-            blur_first=self.blur_first,
-            min_channels=self.min_channels,
+            module, self.replace_convs, self.replace_maxpools, self.blur_first, self.min_channels
         )

@@ -12,7 +12,6 @@ kept comes from the key (the first entries of a keyed permutation, sorted), whic
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -21,10 +20,11 @@ import torch
 from torch import Tensor
 from torch.utils.data import get_worker_info
 
+from composer_fn.algorithms._batch_transform import BatchTransform
 from composer_fn.core import random as R
-from composer_fn.core.algorithm import Algorithm, Hook, register
-from composer_fn.core.event import Event
-from composer_fn.core.state import State, StepCtx, batch_get, batch_set
+from composer_fn.core import validate
+from composer_fn.core.algorithm import register
+from composer_fn.core.state import batch_get, batch_set
 
 __all__ = ["ColOut", "ColOutParams", "ColOutTransform", "colout_params", "colout_apply", "colout_batch"]
 
@@ -34,11 +34,6 @@ class ColOutParams(NamedTuple):
 
     rows: Tensor
     cols: Tensor
-
-
-def _check_fraction(name: str, value: float) -> None:
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name}={value!r} must lie in [0, 1] (the fraction to drop)")
 
 
 def _check_resize_target(resize_target: bool | str) -> None:
@@ -58,8 +53,8 @@ def colout_params(
 
     ``int((1 - p_row) * height)`` rows and ``int((1 - p_col) * width)`` columns are kept, in increasing order.
     """
-    _check_fraction("p_row", p_row)
-    _check_fraction("p_col", p_col)
+    validate.probability("p_row", p_row, hint="the fraction to drop")
+    validate.probability("p_col", p_col, hint="the fraction to drop")
     for name, size in (("height", height), ("width", width)):
         if size < 0:
             raise ValueError(f"{name}={size!r} must be non-negative")
@@ -192,8 +187,8 @@ class ColOutTransform:
     def __init__(
         self, p_row: float = 0.15, p_col: float = 0.15, resize_target: bool | str = "auto", seed: int = 0
     ) -> None:
-        _check_fraction("p_row", p_row)
-        _check_fraction("p_col", p_col)
+        validate.probability("p_row", p_row, hint="the fraction to drop")
+        validate.probability("p_col", p_col, hint="the fraction to drop")
         _check_resize_target(resize_target)
         self.p_row, self.p_col, self.resize_target = p_row, p_col, resize_target
         self.seed = seed
@@ -216,7 +211,7 @@ class ColOutTransform:
 
 @register
 @dataclass(frozen=True)
-class ColOut(Algorithm):
+class ColOut(BatchTransform):
     """Drops random rows and columns of the input images after the loader (Composer's ``ColOut``).
 
     Args:
@@ -241,8 +236,8 @@ class ColOut(Algorithm):
     target_key: int | str = 1
 
     def __post_init__(self) -> None:
-        _check_fraction("p_row", self.p_row)
-        _check_fraction("p_col", self.p_col)
+        validate.probability("p_row", self.p_row, hint="the fraction to drop")
+        validate.probability("p_col", self.p_col, hint="the fraction to drop")
         _check_resize_target(self.resize_target)
         if not self.batch:
             raise ValueError(
@@ -251,25 +246,18 @@ class ColOut(Algorithm):
                 f"resize_target={self.resize_target!r}, seed=...) to your dataset's transforms instead"
             )
 
-    @property
-    def stochastic(self) -> bool:
-        return self.p_row > 0 or self.p_col > 0
+    def transform(self, key: R.Key, input: Tensor) -> Tensor:
+        return colout_apply(input, self._kept(key, input))
 
-    def traced_hooks(self) -> Mapping[Event, Hook]:
-        return {Event.AFTER_DATALOADER: self._drop}
-
-    def _drop(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
-        input = batch_get(ctx.batch, self.input_key)
-        params = colout_params(
-            R.fold_in(ctx.key, R.name_to_int(self.name)),
-            input.shape[-2],
-            input.shape[-1],
-            p_row=self.p_row,
-            p_col=self.p_col,
-        )
-        batch = batch_set(ctx.batch, self.input_key, colout_apply(input, params))
+    def transform_batch(self, key: R.Key, batch: Any) -> Any:
+        input = batch_get(batch, self.input_key)
+        params = self._kept(key, input)
+        dropped = batch_set(batch, self.input_key, colout_apply(input, params))
         if self.resize_target is not False:
-            target = batch_get(ctx.batch, self.target_key)
+            target = batch_get(batch, self.target_key)
             if self.resize_target is True or _image_like(input, target):
-                batch = batch_set(batch, self.target_key, colout_apply(target, params))
-        return state, ctx.replace(batch=batch)
+                dropped = batch_set(dropped, self.target_key, colout_apply(target, params))
+        return dropped
+
+    def _kept(self, key: R.Key, input: Tensor) -> ColOutParams:
+        return colout_params(key, input.shape[-2], input.shape[-1], p_row=self.p_row, p_col=self.p_col)

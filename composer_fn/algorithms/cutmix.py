@@ -20,20 +20,21 @@ centre and the permutation are drawn inside the traced step from the same key, s
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from composer_fn.algorithms._targets import check_mixing, draws_at_rest, ensure_targets_one_hot
-from composer_fn.algorithms.cutout import _SAME_SIZE_INTEGERS, _plain, box_mask
+from composer_fn.algorithms._boxes import box_mask, check_sides, integer_view
+from composer_fn.algorithms._label_mixing import LabelMixing
+from composer_fn.algorithms._targets import ensure_targets_one_hot
 from composer_fn.core import random as R
-from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
-from composer_fn.core.event import Event
-from composer_fn.core.state import BatchMeta, State, Static, StepCtx, batch_get, batch_set
-from composer_fn.core.time import Timestamp
+from composer_fn.core import validate
+from composer_fn.core.algorithm import register
+from composer_fn.core.host import readable_on_host
+from composer_fn.core.state import State, StepCtx, batch_get
 
 __all__ = [
     "CutMix",
@@ -46,7 +47,6 @@ __all__ = [
     "draw_cutmix_lambda",
 ]
 
-_MAX_SIDE = 2**23
 _CACHED_BYTES = 8 * 2**20
 """Above this many bytes of input, eager CPU selects make one pass instead of three (measured at 3 MB and 38 MB)."""
 _TILE_BYTES = 2 * 2**20
@@ -77,8 +77,7 @@ def draw_cutmix_lambda(key: R.HostKey, alpha: float, batch_size: int | None = No
 
     ``alpha == 0`` gives λ = 0, Composer's convention (the largest box, not the identity).
     """
-    if alpha < 0:
-        raise ValueError(f"alpha={alpha!r} must be non-negative")
+    validate.real("alpha", alpha, minimum=0.0)
     shape = () if batch_size is None else (batch_size,)
     if alpha == 0:
         return torch.zeros(shape, dtype=torch.float32)
@@ -89,12 +88,6 @@ def draw_cutmix_lambda(key: R.HostKey, alpha: float, batch_size: int | None = No
 def _cut_ratio(cutmix_lambda: Tensor) -> Tensor:
     # float64, as Composer's NumPy arithmetic; both the host and the traced path go through here.
     return torch.sqrt(1.0 - cutmix_lambda.to(torch.float64))
-
-
-def _check_size(height: int, width: int) -> None:
-    for name, size in (("height", height), ("width", width)):
-        if not 1 <= size <= _MAX_SIDE:
-            raise ValueError(f"{name}={size!r} must lie in [1, {_MAX_SIDE}]")
 
 
 def _unmixed_area(bbox: Tensor, height: int, width: int) -> Tensor:
@@ -124,7 +117,7 @@ def cutmix_boxes(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be positive")
-    _check_size(height, width)
+    check_sides(height, width)
     if cut_ratio.dim() > 1 or (cut_ratio.dim() == 1 and cut_ratio.shape[0] != batch_size):
         raise ValueError(f"cut_ratio of shape {tuple(cut_ratio.shape)}: expected () or ({batch_size},)")
     ratio = cut_ratio.to(device=key.device, dtype=torch.float64).reshape(-1, 1)
@@ -184,7 +177,7 @@ def _one_box_params(
 ) -> CutMixParams:
     # The same arithmetic as cutmix_boxes on Python numbers (the words from the host mirror of the key), so
     # the draws are equal bit for bit; about twenty tiny tensor ops fewer, a third of the op on the CPU.
-    _check_size(height, width)
+    check_sides(height, width)
     host = R.to_host(key)
     if length is None:
         ratio = math.sqrt(1.0 - float(draw_cutmix_lambda(host, alpha)))
@@ -211,9 +204,7 @@ def _host_box_along(word: int, cut: int, size: int, uniform_sampling: bool) -> t
 
 def _host_box(bbox: Tensor) -> list[int] | None:
     # One box readable on the host without a device sync or a trace: eager code pastes it by slicing.
-    if bbox.dim() != 1 or bbox.device.type != "cpu" or torch.compiler.is_compiling():
-        return None
-    if torch._C._functorch.is_functorch_wrapped_tensor(bbox):
+    if bbox.dim() != 1 or not readable_on_host(bbox):
         return None
     return [int(v) for v in bbox.tolist()]
 
@@ -230,8 +221,8 @@ def _bitwise_select_(out: Tensor, mask: Tensor, input: Tensor, bits: torch.dtype
 
 def _select_into(mask: Tensor, source: Tensor, input: Tensor) -> Tensor:
     """Returns ``torch.where(mask, source, input)``, bit for bit, reusing ``source`` (a fresh tensor) as the result."""
-    bits = _SAME_SIZE_INTEGERS.get(input.element_size())
-    if bits is None or _plain(input):
+    bits = integer_view(input)
+    if bits is None:
         return torch.where(mask, source, input)
     if input.numel() * input.element_size() > _CACHED_BYTES:
         # Beyond the caches one pass wins: torch.where written into `source`, which the caller made for this
@@ -263,8 +254,8 @@ def _paste_per_example(input: Tensor, indices: Tensor, bbox: Tensor) -> Tensor:
     """
     batch_size, (height, width) = input.shape[0], input.shape[-2:]
     shape = (batch_size,) + (1,) * (input.dim() - 3) + (height, width)
-    bits = _SAME_SIZE_INTEGERS.get(input.element_size())
-    if bits is None or _plain(input) or not input.is_contiguous():
+    bits = integer_view(input)
+    if bits is None or not input.is_contiguous():
         mask = box_mask(bbox, height, width).reshape(shape)
         return torch.where(mask, input.index_select(0, indices), input)
     ones = _box_ones(bbox, height, width, bits).reshape(shape)
@@ -410,7 +401,7 @@ def cutmix_batch(
 
 @register
 @dataclass(frozen=True)
-class CutMix(Algorithm):
+class CutMix(LabelMixing[CutMixParams]):
     """Pastes a box of a permuted example into each example and mixes the targets by area (Composer's ``CutMix``).
 
     Args:
@@ -433,72 +424,25 @@ class CutMix(Algorithm):
     input_key: int | str = 0
     target_key: int | str = 1
 
-    def __post_init__(self) -> None:
-        check_mixing(self.alpha, self.per_sample, self.interpolate_loss)
+    def draw(self, key: R.HostKey, batch_size: int | None) -> Tensor:
+        return draw_cutmix_lambda(key, self.alpha, batch_size)
 
-    @property
-    def stochastic(self) -> bool:
-        return True
+    def mix_inputs(self, key: R.Key, input: Tensor, draws: Tensor) -> tuple[Tensor, CutMixParams]:
+        sizes = (input.shape[0], input.shape[-2], input.shape[-1])
+        params = cutmix_boxes(key, *sizes, _cut_ratio(draws), uniform_sampling=self.uniform_sampling)
+        return cutmix_apply(input, params), params
 
-    def init(self, static: Static, state: State) -> Tensor:
-        return draws_at_rest(state, self.per_sample)
+    def mix_targets(self, target: Tensor, input: Tensor, pairing: CutMixParams, num_classes: int) -> Tensor:
+        if _is_dense(target, input):
+            return cutmix_apply(target, pairing)
+        return cutmix_targets(target, pairing, num_classes)
 
-    def host_hooks(self) -> Mapping[Event, HostHook]:
-        return {Event.BATCH_START: self._draw_lambda}
-
-    def traced_hooks(self) -> Mapping[Event, Hook]:
-        late = Event.BEFORE_BACKWARD if self.interpolate_loss else Event.BEFORE_LOSS
-        return {
-            Event.BEFORE_FORWARD: self._paste,
-            late: self._mix_loss if self.interpolate_loss else self._mix_targets,
-        }
-
-    def _draw_lambda(
-        self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
-    ) -> tuple[Static, State]:
-        if self.per_sample and meta is None:
-            raise ValueError("CutMix(per_sample=True) needs the batch size at BATCH_START (BatchMeta)")
-        step_key = R.host_fold_in(R.host_key(static.seed), timestamp.batch)
-        key = R.host_fold_in(step_key, R.name_to_int(self.name))
-        size = meta.batch_size if self.per_sample and meta is not None else None
-        value = draw_cutmix_lambda(key, self.alpha, size).to(state.step.device, non_blocking=True)
-        return static, state.replace(algos={**state.algos, self.name: value})
-
-    def _paste(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
-        input = batch_get(ctx.batch, self.input_key)
-        cutmix_lambda = state.algos[self.name]
-        params = cutmix_boxes(
-            R.fold_in(ctx.key, R.name_to_int(self.name)),
-            input.shape[0],
-            input.shape[-2],
-            input.shape[-1],
-            _cut_ratio(cutmix_lambda),
-            uniform_sampling=self.uniform_sampling,
-        )
-        if self.per_sample:
-            state = state.replace(algos={**state.algos, self.name: cutmix_lambda.new_zeros(0)})
-        return state, ctx.replace(
-            batch=batch_set(ctx.batch, self.input_key, cutmix_apply(input, params)),
-            scratch={**ctx.scratch, self.name: params},
-        )
-
-    def _mix_targets(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
-        target = batch_get(ctx.batch, self.target_key)
-        params: CutMixParams = ctx.scratch[self.name]
-        if _is_dense(target, batch_get(ctx.batch, self.input_key)):
-            mixed = cutmix_apply(target, params)
-        else:
-            mixed = cutmix_targets(target, params, ctx.outputs.shape[1])
-        return state, ctx.replace(batch=batch_set(ctx.batch, self.target_key, mixed))
+    def mix_losses(self, loss: Tensor, partner_loss: Tensor, pairing: CutMixParams) -> Tensor:
+        return torch.lerp(partner_loss, loss, pairing.area.to(loss.dtype))
 
     def _mix_loss(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
-        target = batch_get(ctx.batch, self.target_key)
-        if _is_dense(target, batch_get(ctx.batch, self.input_key)):
+        if _is_dense(batch_get(ctx.batch, self.target_key), batch_get(ctx.batch, self.input_key)):
             raise ValueError(
                 "CutMix(interpolate_loss=True) cannot interpolate the loss of dense (per-pixel) targets"
             )
-        params: CutMixParams = ctx.scratch[self.name]
-        permuted = batch_set(ctx.batch, self.target_key, target[params.indices])
-        assert ctx.loss is not None
-        loss = torch.lerp(ctx.loss_fn(ctx.outputs, permuted), ctx.loss, params.area.to(ctx.loss.dtype))
-        return state, ctx.replace(loss=loss)
+        return super()._mix_loss(state, ctx)

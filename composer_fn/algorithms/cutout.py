@@ -12,21 +12,19 @@ bounds, so the whole op is a handful of vectorized tensor ops with static shapes
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from composer_fn.algorithms._batch_transform import BatchTransform
+from composer_fn.algorithms._boxes import box_mask, check_sides, integer_view
 from composer_fn.core import random as R
-from composer_fn.core.algorithm import Algorithm, Hook, register
-from composer_fn.core.event import Event
-from composer_fn.core.state import State, StepCtx, batch_get, batch_set
+from composer_fn.core import validate
+from composer_fn.core.algorithm import register
 
 __all__ = ["CutOut", "CutOutParams", "box_mask", "cutout_params", "cutout_apply", "cutout_batch"]
-
-_MAX_SIDE = 2**23
 
 
 class CutOutParams(NamedTuple):
@@ -36,27 +34,6 @@ class CutOutParams(NamedTuple):
     """
 
     boxes: Tensor
-
-
-def box_mask(boxes: Tensor, height: int, width: int) -> Tensor:
-    """Returns the bool mask ``[..., height, width]`` that is True inside each box of ``boxes [..., 4]``.
-
-    Boxes are ``(row start, column start, row end, column end)``, end exclusive; an empty box masks nothing.
-    The mask is the outer product of two ``arange`` comparisons: no loop, no data-dependent shape.
-    """
-    if boxes.shape[-1:] != (4,) or boxes.is_floating_point():
-        raise ValueError(
-            f"boxes of shape {tuple(boxes.shape)} and dtype {boxes.dtype}: expected integer [..., 4]"
-        )
-    rows = torch.arange(height, device=boxes.device)
-    cols = torch.arange(width, device=boxes.device)
-    in_rows = (rows >= boxes[..., 0, None]) & (rows < boxes[..., 2, None])
-    in_cols = (cols >= boxes[..., 1, None]) & (cols < boxes[..., 3, None])
-    if torch.compiler.is_compiling():
-        return in_rows[..., :, None] & in_cols[..., None, :]
-    # Eagerly, the outer product in uint8 (0/1 bytes, the bool layout) vectorizes; the CPU kernel on bool
-    # tensors is about four times slower. Compiled code fuses the plain form instead.
-    return (in_rows.to(torch.uint8)[..., :, None] & in_cols.to(torch.uint8)[..., None, :]).view(torch.bool)
 
 
 def _hole_side(height: int, width: int, length: float) -> int:
@@ -90,9 +67,7 @@ def cutout_params(
     _check(num_holes=num_holes, length=length)
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be positive")
-    for name, size in (("height", height), ("width", width)):
-        if not 1 <= size <= _MAX_SIDE:
-            raise ValueError(f"{name}={size!r} must lie in [1, {_MAX_SIDE}]")
+    check_sides(height, width)
     side = _hole_side(height, width, length)
     half = side // 2
     shape = (batch_size, num_holes) if per_sample else (num_holes,)
@@ -109,19 +84,6 @@ def cutout_params(
         dim=-1,
     )
     return CutOutParams(boxes)
-
-
-_SAME_SIZE_INTEGERS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _plain(input: Tensor) -> bool:
-    # The bitwise forms only pay off in eager CPU code; compiled code and GPUs fuse the plain op.
-    return (
-        torch.compiler.is_compiling()
-        or input.device.type != "cpu"
-        or input.dtype == torch.bool
-        or input.is_complex()
-    )
 
 
 def _keep_bits(boxes: Tensor, height: int, width: int, bits: torch.dtype) -> Tensor:
@@ -169,8 +131,8 @@ def cutout_apply(input: Tensor, params: CutOutParams) -> Tensor:
     if boxes.shape[-2] == 0:
         return input.clone()
     height, width = input.shape[-2:]
-    bits = _SAME_SIZE_INTEGERS.get(input.element_size())
-    if bits is None or _plain(input):
+    bits = integer_view(input)
+    if bits is None:
         mask = box_mask(boxes, height, width).any(dim=-3)
         return input.masked_fill(_batch_shape(boxes, input, mask), 0)
     # Eagerly on the CPU, masked_fill measured three to four times as slow as and-ing the bits with 0 (inside
@@ -211,15 +173,13 @@ def cutout_batch(
 
 
 def _check(*, num_holes: int, length: float) -> None:
-    if isinstance(num_holes, bool) or not isinstance(num_holes, int) or num_holes < 0:
-        raise ValueError(f"num_holes={num_holes!r} must be a non-negative int")
-    if not 0.0 <= length <= 1.0:
-        raise ValueError(f"length={length!r} must lie in [0, 1] (a fraction of min(H, W))")
+    validate.integer("num_holes", num_holes, minimum=0)
+    validate.real("length", length, minimum=0.0, maximum=1.0, hint="a fraction of min(H, W)")
 
 
 @register
 @dataclass(frozen=True)
-class CutOut(Algorithm):
+class CutOut(BatchTransform):
     """Zeros square holes of the input images after the loader (Composer's ``CutOut``).
 
     Args:
@@ -241,17 +201,9 @@ class CutOut(Algorithm):
     def __post_init__(self) -> None:
         _check(num_holes=self.num_holes, length=self.length)
 
-    @property
-    def stochastic(self) -> bool:
-        return self.num_holes > 0 and self.length > 0
-
-    def traced_hooks(self) -> Mapping[Event, Hook]:
-        return {Event.AFTER_DATALOADER: self._cut}
-
-    def _cut(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
-        input = batch_get(ctx.batch, self.input_key)
+    def transform(self, key: R.Key, input: Tensor) -> Tensor:
         params = cutout_params(
-            R.fold_in(ctx.key, R.name_to_int(self.name)),
+            key,
             input.shape[0],
             input.shape[-2],
             input.shape[-1],
@@ -260,4 +212,4 @@ class CutOut(Algorithm):
             uniform_sampling=self.uniform_sampling,
             per_sample=self.per_sample,
         )
-        return state, ctx.replace(batch=batch_set(ctx.batch, self.input_key, cutout_apply(input, params)))
+        return cutout_apply(input, params)

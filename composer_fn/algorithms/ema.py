@@ -26,7 +26,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from composer_fn.algorithms._timing import batch_end_times, epoch_end_times, parse_time
+from composer_fn.algorithms._timing import batch_end_times, epoch_end_times
+from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx
@@ -46,8 +47,7 @@ def _check_smoothing(smoothing: float | Tensor) -> None:
                 f"smoothing of shape {tuple(smoothing.shape)}: expected a number or a 0-d tensor"
             )
         return
-    if isinstance(smoothing, bool) or not isinstance(smoothing, int | float) or not 0.0 <= smoothing <= 1.0:
-        raise ValueError(f"smoothing={smoothing!r} must be a number in [0, 1]")
+    validate.real("smoothing", smoothing, minimum=0.0, maximum=1.0)
 
 
 def ema_update(
@@ -95,7 +95,7 @@ def ema_smoothing(half_life: str, update_interval: str | None = None) -> float:
     ``update_interval`` defaults to one unit of ``half_life`` (``'1ba'`` for ``'1000ba'``), which gives
     ``exp(-ln 2 / half_life)``; a longer interval gives that per-unit smoothing raised to its length.
     """
-    life = parse_time(half_life, "half_life", _INTERVAL_UNITS, "1000ba")
+    life = validate.time("half_life", half_life, _INTERVAL_UNITS, "1000ba")
     if life.value <= 0:
         raise ValueError(f"half_life={half_life!r} must be positive, e.g. '1000ba'")
     interval = Time(1, life.unit) if update_interval is None else _interval(update_interval)
@@ -108,7 +108,7 @@ def ema_smoothing(half_life: str, update_interval: str | None = None) -> float:
 
 
 def _interval(update_interval: str) -> Time:
-    interval = parse_time(update_interval, "update_interval", _INTERVAL_UNITS, "1ba")
+    interval = validate.time("update_interval", update_interval, _INTERVAL_UNITS, "1ba")
     if not (interval.value > 0 and float(interval.value).is_integer()):
         raise ValueError(
             f"update_interval={update_interval!r} must be a positive whole number of ba or ep, e.g. '1ba'"
@@ -130,11 +130,9 @@ def _schedule(algorithm: EMA) -> _Schedule:
             f"smoothing={algorithm.smoothing!r}: give half_life as a time string such as '1000ba', or smoothing "
             "in [0, 1] with half_life=None"
         )
-    start = parse_time(algorithm.ema_start, "ema_start", _START_UNITS, "0.0dur")
-    if start.value < 0:
-        raise ValueError(f"ema_start={algorithm.ema_start!r} must not be negative, e.g. '0.0dur' or '100ba'")
+    start = validate.time("ema_start", algorithm.ema_start, _START_UNITS, "0.0dur")
     if algorithm.half_life is not None:
-        life = parse_time(algorithm.half_life, "half_life", _INTERVAL_UNITS, "1000ba")
+        life = validate.time("half_life", algorithm.half_life, _INTERVAL_UNITS, "1000ba")
         interval = (
             Time(1, life.unit) if algorithm.update_interval is None else _interval(algorithm.update_interval)
         )
@@ -192,9 +190,11 @@ class EMA(Algorithm):
             "started": torch.zeros((), dtype=torch.bool, device=state.step.device),
         }
 
-    def traced_hooks(self) -> Mapping[Event, Hook]:
+    def traced_hooks(self, plan_key: Hashable = ()) -> Mapping[Event, Hook]:
         if not self._in_batches:
             return {}
+        if plan_key == _START:
+            return {Event.AFTER_OPTIMIZER_STEP: self._restart}
         # Resolved here, on the host: the traced hook binds the smoothing as a constant.
         smoothing = self.update_smoothing
 
@@ -202,11 +202,6 @@ class EMA(Algorithm):
             return self._averaged(state, smoothing), ctx
 
         return {Event.AFTER_OPTIMIZER_STEP: update}
-
-    def traced_hooks_at(self, plan_key: Hashable) -> Mapping[Event, Hook]:
-        if plan_key == _START and self._in_batches:
-            return {Event.AFTER_OPTIMIZER_STEP: self._restart}
-        return self.traced_hooks()
 
     def host_hooks(self) -> Mapping[Event, HostHook]:
         hooks: dict[Event, HostHook] = {Event.EVAL_START: self._swap, Event.EVAL_END: self._swap}
@@ -261,7 +256,7 @@ class EMA(Algorithm):
             "buffers": {n: average[n] for n in entry["buffers"]},
             "started": entry["started"],
         }
-        return state.replace(algos={**state.algos, self.name: new_entry})
+        return state.with_algo(self.name, new_entry)
 
     def _restarted(self, state: State) -> State:
         entry = state.algos[self.name]
@@ -270,7 +265,7 @@ class EMA(Algorithm):
             "buffers": _copies(state.buffers),
             "started": torch.ones_like(entry["started"]),
         }
-        return state.replace(algos={**state.algos, self.name: new_entry})
+        return state.with_algo(self.name, new_entry)
 
     def _swap(
         self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
@@ -286,4 +281,4 @@ class EMA(Algorithm):
             "buffers": {n: torch.where(started, b, entry["buffers"][n]) for n, b in state.buffers.items()},
             "started": started,
         }
-        return static, state.replace(params=params, buffers=buffers, algos={**state.algos, self.name: kept})
+        return static, state.with_algo(self.name, kept).replace(params=params, buffers=buffers)

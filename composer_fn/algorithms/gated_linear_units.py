@@ -1,7 +1,7 @@
 """Gated linear units: each transformer feed-forward becomes ``down(act(gate(x)) * up(x))`` (Shazeer, 2020).
 
 Surgery at INIT: every ``blocks[i].feed_forward`` (``down(act(up(x)))``, see the protocol in
-``composer_fn.models.transformer``) is replaced by a ``GatedFeedForward`` of the same widths ``d`` (model) and
+``composer_fn.nn.blocks``) is replaced by a ``GatedFeedForward`` of the same widths ``d`` (model) and
 ``f`` (feed-forward, which Composer keeps): ``gate`` and ``up`` map ``d -> f``, ``down`` maps ``f -> d``. The
 new layers are new parameters drawn from the surgery's key (PyTorch's default initialisation, keyed), as
 Composer builds fresh layers; the old feed-forward's weights are dropped.
@@ -28,9 +28,9 @@ from torch import Tensor, nn
 
 from composer_fn.algorithms._surgery import Surgery, replace_modules
 from composer_fn.core import random as R
+from composer_fn.core import validate
 from composer_fn.core.algorithm import register
-from composer_fn.models.init import init_parameters
-from composer_fn.models.transformer import protocol_attribute, protocol_blocks
+from composer_fn.nn import init_parameters, protocol_attribute, protocol_blocks
 
 __all__ = [
     "GatedLinearUnits",
@@ -121,11 +121,6 @@ def _check_act_fn(act_fn: object) -> None:
         raise TypeError(f"act_fn={act_fn!r}: expected None, an activation name, a module or a callable")
 
 
-def _check_flag(name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name}={value!r} must be a bool")
-
-
 def _glu_targets(model: nn.Module) -> dict[str, nn.Module]:
     found = {}
     for name, block in protocol_blocks(model):
@@ -154,7 +149,7 @@ def apply_gated_linear_units(
 ) -> nn.Module:
     """Returns a copy of ``model`` whose feed-forwards are gated linear units; ``model`` is untouched.
 
-    ``model`` follows the transformer protocol (``composer_fn.models.transformer``); a model that does not
+    ``model`` follows the transformer protocol (``composer_fn.nn.blocks``); a model that does not
     raises a TypeError naming the missing attribute. Each replaced ``blocks.i.feed_forward`` draws its
     parameters from ``fold_in(key, name_to_int("blocks.i.feed_forward"))`` with ``init_parameters``, in the
     old layer's dtype and device. Feed-forwards that are already gated are kept, so applying twice equals
@@ -168,8 +163,8 @@ def apply_gated_linear_units(
         key: the key the new parameters are drawn from.
     """
     _check_act_fn(act_fn)
-    _check_flag("gated_layer_bias", gated_layer_bias)
-    _check_flag("non_gated_layer_bias", non_gated_layer_bias)
+    validate.flag("gated_layer_bias", gated_layer_bias)
+    validate.flag("non_gated_layer_bias", non_gated_layer_bias)
     if not isinstance(key, Tensor) or key.dtype != torch.int64 or key.shape != (2,):
         raise ValueError(f"key={key!r} must be one key: an int64 tensor of shape [2], e.g. key(0)")
     replacements: dict[str, nn.Module] = {}
@@ -210,7 +205,6 @@ class GatedLinearUnits(Surgery):
         non_gated_layer_bias: whether the other input linear layer has a bias.
     """
 
-    modality = "tokens"
 
     act_fn: str | None = None
     gated_layer_bias: bool = False
@@ -223,13 +217,8 @@ class GatedLinearUnits(Surgery):
                 f"({', '.join(sorted(ACTIVATIONS))}); pass callables to apply_gated_linear_units"
             )
         _check_act_fn(self.act_fn)
-        _check_flag("gated_layer_bias", self.gated_layer_bias)
-        _check_flag("non_gated_layer_bias", self.non_gated_layer_bias)
-
-    @property
-    def stochastic(self) -> bool:
-        # The new layers' initial values come from the key.
-        return True
+        validate.flag("gated_layer_bias", self.gated_layer_bias)
+        validate.flag("non_gated_layer_bias", self.non_gated_layer_bias)
 
     def targets(self, module: nn.Module) -> frozenset[str]:
         return frozenset(_glu_targets(module))

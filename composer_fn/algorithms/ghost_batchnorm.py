@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composer_fn.algorithms._surgery import Surgery, matching_modules, replace_modules
+from composer_fn.core import validate
 from composer_fn.core.algorithm import register
 
 __all__ = [
@@ -45,7 +46,7 @@ class _GhostBatchNorm(nn.modules.batchnorm._BatchNorm):
 
     def __init__(self, num_features: int, *args: Any, ghost_batch_size: int = 32, **kwargs: Any) -> None:
         """Takes BatchNorm's arguments, and ``ghost_batch_size`` by keyword."""
-        _check_ghost_batch_size(ghost_batch_size)
+        validate.integer("ghost_batch_size", ghost_batch_size, minimum=1)
         super().__init__(num_features, *args, **kwargs)
         self.ghost_batch_size = ghost_batch_size
 
@@ -103,11 +104,6 @@ _GHOSTS: dict[type[nn.Module], type[_GhostBatchNorm]] = {
 }
 
 
-def _check_ghost_batch_size(ghost_batch_size: object) -> None:
-    if isinstance(ghost_batch_size, bool) or not isinstance(ghost_batch_size, int) or ghost_batch_size < 1:
-        raise ValueError(f"ghost_batch_size={ghost_batch_size!r} must be an int >= 1")
-
-
 def ghost_batchnorm_from(batchnorm: nn.Module, ghost_batch_size: int = 32) -> nn.Module:
     """Returns the ghost version of a ``BatchNorm{1,2,3}d`` with copies of its tensors; the input is untouched."""
     cls = _GHOSTS.get(type(batchnorm))
@@ -128,7 +124,7 @@ def _targets(module: nn.Module) -> list[str]:
 
 def apply_ghost_batchnorm(model: nn.Module, ghost_batch_size: int = 32) -> nn.Module:
     """Returns a copy of ``model`` whose ``BatchNorm{1,2,3}d`` layers are ghost batch norms; ``model`` is untouched."""
-    _check_ghost_batch_size(ghost_batch_size)
+    validate.integer("ghost_batch_size", ghost_batch_size, minimum=1)
     replacements = {
         name: ghost_batchnorm_from(model.get_submodule(name), ghost_batch_size) for name in _targets(model)
     }
@@ -145,12 +141,7 @@ class GhostBatchNorm(Surgery):
     ghost_batch_size: int = 32
 
     def __post_init__(self) -> None:
-        _check_ghost_batch_size(self.ghost_batch_size)
-
-    @classmethod
-    def for_checks(cls) -> GhostBatchNorm:
-        """Returns ghost batches of 3, so that the contract suite's batches of 8 are normalized in 3 chunks."""
-        return cls(ghost_batch_size=3)
+        validate.integer("ghost_batch_size", self.ghost_batch_size, minimum=1)
 
     def targets(self, module: nn.Module) -> frozenset[str]:
         return frozenset(_targets(module))

@@ -6,11 +6,12 @@ replaces ``StepCtx.grads`` by the clipped gradients, as Composer's ``GradientCli
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
 from torch import Tensor
 
+from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import State, StepCtx
@@ -22,12 +23,6 @@ __all__ = ["CLIPPING_TYPES", "GradientClipping", "apply_gradient_clipping"]
 
 CLIPPING_TYPES: tuple[str, ...] = ("adaptive", "norm", "value")
 """The accepted ``clipping_type`` values, as in Composer."""
-
-
-def _check_clipping_type(clipping_type: object) -> str:
-    if clipping_type not in CLIPPING_TYPES:
-        raise ValueError(f"clipping_type={clipping_type!r}; accepted: {', '.join(map(repr, CLIPPING_TYPES))}")
-    return str(clipping_type)
 
 
 def _check_clipping_threshold(clipping_threshold: object) -> float:
@@ -64,7 +59,7 @@ def apply_gradient_clipping(
     ``λ`` is ``clipping_threshold``. Composer's ``apply_gradient_clipping`` takes the model and writes into
     ``.grad``; this one takes and returns the gradients.
     """
-    clipping_type = _check_clipping_type(clipping_type)
+    clipping_type = validate.choice("clipping_type", clipping_type, CLIPPING_TYPES)
     clipping_threshold = _check_clipping_threshold(clipping_threshold)
     if clipping_type == "adaptive" and params is None:
         raise ValueError(
@@ -91,10 +86,10 @@ class GradientClipping(Algorithm):
     clipping_threshold: float = 0.1
 
     def __post_init__(self) -> None:
-        _check_clipping_type(self.clipping_type)
+        validate.choice("clipping_type", self.clipping_type, CLIPPING_TYPES)
         _check_clipping_threshold(self.clipping_threshold)
 
-    def traced_hooks(self) -> Mapping[Event, Hook]:
+    def traced_hooks(self, plan_key: Hashable = ()) -> Mapping[Event, Hook]:
         return {Event.AFTER_TRAIN_BATCH: self._clip}
 
     def _clip(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:

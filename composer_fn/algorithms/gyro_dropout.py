@@ -43,9 +43,9 @@ from composer_fn.algorithms._surgery import (
     replace_modules,
 )
 from composer_fn.core import random as R
+from composer_fn.core import validate
 from composer_fn.core.algorithm import register
 from composer_fn.core.time import Timestamp, TimeUnit
-from composer_fn.models.cnn import SmallCNN
 
 __all__ = [
     "GyroDropout",
@@ -87,10 +87,9 @@ def gyro_dropout_masks(
 
 
 def _check(p: object, sigma: object, tau: object) -> None:
-    if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p < 1.0:
-        raise ValueError(f"p={p!r} must be a dropout probability in [0, 1)")
+    validate.real("p", p, minimum=0.0, maximum=1.0, open_above=True, hint="a dropout probability")
     for name, value in (("sigma", sigma), ("tau", tau)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_BANK:
+        if not validate.is_integer(value) or not 1 <= value <= _MAX_BANK:
             raise ValueError(f"{name}={value!r} must be an int in [1, 2**24]")
 
 
@@ -109,8 +108,7 @@ class GyroDropoutLayer(nn.Module):
         mask_key: Tensor | None = None,
     ) -> None:
         _check(p, sigma, tau)
-        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
-            raise ValueError(f"period={period!r} must be an int >= 1 (training steps between selections)")
+        validate.integer("period", period, minimum=1, hint="training steps between selections")
         super().__init__()
         self.p = float(p)
         self.sigma = sigma
@@ -174,9 +172,8 @@ def apply_gyro_dropout(
     mask bank is keyed by ``fold_in(key, name_to_int(name))``. ``nn.Dropout`` subclasses are replaced too.
     """
     _check(p, sigma, tau)
-    for name, value in (("iters_per_epoch", iters_per_epoch), ("max_epoch", max_epoch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be an int >= 1")
+    validate.integer("iters_per_epoch", iters_per_epoch, minimum=1)
+    validate.integer("max_epoch", max_epoch, minimum=1)
     period = selection_period(iters_per_epoch * max_epoch, sigma, tau)
     return _with_gyro_dropout(model, key, p, sigma, tau, period)
 
@@ -207,11 +204,3 @@ class GyroDropout(Surgery):
         iterations = int(duration.value) if duration is not None and duration.unit is TimeUnit.BATCH else None
         period = selection_period(iterations, self.sigma, self.tau)
         return _with_gyro_dropout(module, key, self.p, self.sigma, self.tau, period)
-
-    @property
-    def stochastic(self) -> bool:
-        return True
-
-    @classmethod
-    def check_model(cls) -> nn.Module:
-        return SmallCNN(3, 4, width=8, dropout=0.5)

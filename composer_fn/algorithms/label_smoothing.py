@@ -6,12 +6,13 @@ loss (metrics, other algorithms) sees the labels the loader gave.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
 from torch import Tensor
 
 from composer_fn.algorithms._targets import ensure_targets_one_hot
+from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import State, StepCtx, batch_get, batch_set
@@ -25,8 +26,8 @@ def smooth_labels(logits: Tensor, target: Tensor, smoothing: float | Tensor = 0.
     ``C = logits.shape[1]``. ``target`` holds class indices (``[B, ...]``) or class probabilities shaped like
     ``logits``; each output row sums to 1 when the input row does. ``smoothing = 0`` gives the one-hot targets.
     """
-    if isinstance(smoothing, float | int) and not 0.0 <= smoothing <= 1.0:
-        raise ValueError(f"smoothing={smoothing!r} must lie in [0, 1]")
+    if validate.is_real(smoothing):
+        validate.real("smoothing", smoothing, minimum=0.0, maximum=1.0)
     num_classes = logits.shape[1]
     one_hot = ensure_targets_one_hot(target, num_classes)
     return one_hot * (1.0 - smoothing) + smoothing / num_classes
@@ -46,19 +47,15 @@ class LabelSmoothing(Algorithm):
     target_key: int | str = 1
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.smoothing <= 1.0:
-            raise ValueError(f"smoothing={self.smoothing!r} must lie in [0, 1]")
+        validate.real("smoothing", self.smoothing, minimum=0.0, maximum=1.0)
 
-    def traced_hooks(self) -> Mapping[Event, Hook]:
+    def traced_hooks(self, plan_key: Hashable = ()) -> Mapping[Event, Hook]:
         return {Event.BEFORE_LOSS: self._smooth, Event.AFTER_LOSS: self._restore}
 
     def _smooth(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
         target = batch_get(ctx.batch, self.target_key)
-        smoothed = smooth_labels(ctx.outputs, target, self.smoothing)
-        return state, ctx.replace(
-            batch=batch_set(ctx.batch, self.target_key, smoothed),
-            scratch={**ctx.scratch, self.name: target},
-        )
+        smoothed = batch_set(ctx.batch, self.target_key, smooth_labels(ctx.outputs, target, self.smoothing))
+        return state, ctx.with_scratch(self.name, target, batch=smoothed)
 
     def _restore(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
         scratch = dict(ctx.scratch)

@@ -21,7 +21,8 @@ from typing import Any
 
 from torch import nn
 
-from composer_fn.core.algorithm import Algorithm, register
+from composer_fn.core import validate
+from composer_fn.core.algorithm import Algorithm, Capabilities, register
 from composer_fn.core.time import Timestamp
 
 __all__ = ["LayerFreezing", "freeze_layers", "freeze_schedule", "freezable_layers"]
@@ -62,15 +63,10 @@ def freeze_layers(
     Composer's ``freeze_layers`` without its side effects: nothing is changed; hand the names to the step
     (``make_train_step(frozen=...)``) to freeze them.
     """
-    _check_fraction("current_duration", current_duration)
+    validate.real("current_duration", current_duration, minimum=0.0, maximum=1.0)
     fraction = freeze_schedule(current_duration, freeze_start, freeze_level)
     depth = int(fraction * len(freezable_layers(model)[:-1]))
     return _frozen_names(model, fraction), depth, fraction
-
-
-def _check_fraction(argument: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{argument}={value!r} must be a number in [0, 1]")
 
 
 @register
@@ -86,15 +82,10 @@ class LayerFreezing(Algorithm):
     freeze_start: float = 0.5
     freeze_level: float = 1.0
 
-    @classmethod
-    def for_checks(cls) -> LayerFreezing:
-        return cls(freeze_start=0.0, freeze_level=1.0)
-
     def __post_init__(self) -> None:
-        _check_fraction("freeze_start", self.freeze_start)
-        if self.freeze_start >= 1.0:
-            raise ValueError(f"freeze_start={self.freeze_start!r} must be below 1: freezing needs time to happen")
-        _check_fraction("freeze_level", self.freeze_level)
+        hint = "freezing needs time to happen"
+        validate.real("freeze_start", self.freeze_start, minimum=0.0, maximum=1.0, open_above=True, hint=hint)
+        validate.real("freeze_level", self.freeze_level, minimum=0.0, maximum=1.0)
 
     def _fraction(self, timestamp: Timestamp) -> float:
         # Composer freezes at EPOCH_END: the schedule reads the elapsed fraction of the last finished epoch.
@@ -103,7 +94,11 @@ class LayerFreezing(Algorithm):
         epoch_end = dataclasses.replace(timestamp, batch=timestamp.batch - timestamp.batch_in_epoch, batch_in_epoch=0)
         return freeze_schedule(epoch_end.elapsed, self.freeze_start, self.freeze_level)
 
+    def capabilities(self) -> Capabilities:
+        return Capabilities(freezes=self.frozen_parameters)
+
     def frozen_parameters(self, module: Any, timestamp: Timestamp) -> frozenset[str]:
+        """Returns the parameters of ``module`` frozen in the step starting at ``timestamp``."""
         fraction = self._fraction(timestamp)
         if fraction <= 0.0 or not isinstance(module, nn.Module):
             return frozenset()

@@ -22,14 +22,13 @@ import warnings
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from composer_fn.algorithms._autocast import low_precision_forward
 from composer_fn.algorithms._surgery import Surgery, matching_modules, replace_modules
 from composer_fn.core.algorithm import register
 from composer_fn.core.state import PRECISIONS
-from composer_fn.models.cnn import SmallCNN
 
 __all__ = [
     "LPGroupNorm",
@@ -44,14 +43,7 @@ class LPGroupNorm(nn.GroupNorm):
 
     def forward(self, input: Tensor) -> Tensor:
         """Returns ``input`` group-normalized in the autocast dtype (in its own dtype outside autocast)."""
-        device = input.device.type
-        if not torch.is_autocast_enabled(device):
-            return super().forward(input)
-        dtype = torch.get_autocast_dtype(device)
-        weight = self.weight.to(dtype) if self.weight is not None else None
-        bias = self.bias.to(dtype) if self.bias is not None else None
-        with torch.autocast(device_type=device, enabled=False):
-            return F.group_norm(input.to(dtype), self.num_groups, weight, bias, self.eps)
+        return low_precision_forward(nn.GroupNorm, self, input, F.group_norm, self.num_groups)
 
 
 def low_precision_groupnorm_from(groupnorm: nn.GroupNorm) -> LPGroupNorm:
@@ -113,10 +105,6 @@ class LowPrecisionGroupNorm(Surgery):
     algorithm_name = "low_precision_groupnorm"
 
     placement: ClassVar[Literal["any", "first", "last"]] = "last"
-
-    @classmethod
-    def check_model(cls) -> nn.Module:
-        return SmallCNN(3, 4, width=8, norm="group")
 
     def targets(self, module: nn.Module) -> frozenset[str]:
         return frozenset(_targets(module))

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from composer_fn.algorithms._autocast import low_precision_forward
 from composer_fn.algorithms._surgery import Surgery, matching_modules, replace_modules
 from composer_fn.core.algorithm import register
 from composer_fn.core.state import PRECISIONS
@@ -35,15 +36,7 @@ class LPLayerNorm(nn.LayerNorm):
 
     def forward(self, input: Tensor) -> Tensor:
         """Returns the normalised ``input``: in the autocast dtype under autocast, else ``nn.LayerNorm``'s result."""
-        device_type = input.device.type
-        if not torch.is_autocast_enabled(device_type):
-            return super().forward(input)
-        dtype = torch.get_autocast_dtype(device_type)
-        weight = None if self.weight is None else self.weight.to(dtype)
-        bias = None if self.bias is None else self.bias.to(dtype)
-        # With autocast on, layer_norm would be cast back up to float32; off, it runs on what it is given.
-        with torch.autocast(device_type=device_type, enabled=False):
-            return F.layer_norm(input.to(dtype), self.normalized_shape, weight, bias, self.eps)
+        return low_precision_forward(nn.LayerNorm, self, input, F.layer_norm, self.normalized_shape)
 
 
 def _low_precision(layer: nn.LayerNorm) -> LPLayerNorm:
@@ -115,7 +108,6 @@ class LowPrecisionLayerNorm(Surgery):
     """
 
     algorithm_name = "low_precision_layernorm"
-    modality = "tokens"
     placement: ClassVar[Literal["any", "first", "last"]] = "last"
 
     def targets(self, module: nn.Module) -> frozenset[str]:

@@ -15,7 +15,6 @@ algorithm reproduces ``mixup_params(key, ...)`` bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -23,12 +22,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from composer_fn.algorithms._targets import check_mixing, draws_at_rest, ensure_targets_one_hot
+from composer_fn.algorithms._label_mixing import LabelMixing
+from composer_fn.algorithms._targets import ensure_targets_one_hot
 from composer_fn.core import random as R
-from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
-from composer_fn.core.event import Event
-from composer_fn.core.state import BatchMeta, State, Static, StepCtx, batch_get, batch_set
-from composer_fn.core.time import Timestamp
+from composer_fn.core import validate
+from composer_fn.core.algorithm import register
 
 __all__ = [
     "MixUp",
@@ -51,8 +49,7 @@ class MixUpParams(NamedTuple):
 
 def draw_mixing(key: R.HostKey, alpha: float) -> float:
     """Returns ``min(λ, 1 - λ)`` with λ ~ Beta(α, α) drawn from the host key (0 when ``alpha == 0``)."""
-    if alpha < 0:
-        raise ValueError(f"alpha={alpha!r} must be non-negative")
+    validate.real("alpha", alpha, minimum=0.0)
     if alpha == 0:
         return 0.0
     lam = float(R.host_rng(key).beta(alpha, alpha))
@@ -61,8 +58,7 @@ def draw_mixing(key: R.HostKey, alpha: float) -> float:
 
 def draw_mixing_per_sample(key: R.HostKey, alpha: float, batch_size: int) -> Tensor:
     """Returns ``min(λ, 1 - λ)`` for ``batch_size`` draws λ ~ Beta(α, α) from the host key, as float32 ``[B]``."""
-    if alpha < 0:
-        raise ValueError(f"alpha={alpha!r} must be non-negative")
+    validate.real("alpha", alpha, minimum=0.0)
     if alpha == 0:
         return torch.zeros(batch_size, dtype=torch.float32)
     lam = R.host_rng(key).beta(alpha, alpha, size=batch_size)
@@ -157,7 +153,7 @@ def mixup_batch(
 
 @register
 @dataclass(frozen=True)
-class MixUp(Algorithm):
+class MixUp(LabelMixing[MixUpParams]):
     """Mixes pairs of examples and their targets (Composer's ``MixUp``).
 
     Args:
@@ -178,59 +174,17 @@ class MixUp(Algorithm):
     input_key: int | str = 0
     target_key: int | str = 1
 
-    def __post_init__(self) -> None:
-        check_mixing(self.alpha, self.per_sample, self.interpolate_loss)
+    def draw(self, key: R.HostKey, batch_size: int | None) -> Tensor:
+        if batch_size is None:
+            return torch.tensor(draw_mixing(key, self.alpha), dtype=torch.float32)
+        return draw_mixing_per_sample(key, self.alpha, batch_size)
 
-    @property
-    def stochastic(self) -> bool:
-        return self.alpha > 0
+    def mix_inputs(self, key: R.Key, input: Tensor, draws: Tensor) -> tuple[Tensor, MixUpParams]:
+        indices = R.permutation(key, input.shape[0])
+        return mixup_apply(input, indices.to(input.device), draws), MixUpParams(draws, indices)
 
-    def init(self, static: Static, state: State) -> Tensor:
-        return draws_at_rest(state, self.per_sample)
+    def mix_targets(self, target: Tensor, input: Tensor, pairing: MixUpParams, num_classes: int) -> Tensor:
+        return mixup_targets(target, pairing.indices, pairing.mixing, num_classes)
 
-    def host_hooks(self) -> Mapping[Event, HostHook]:
-        return {Event.BATCH_START: self._draw_mixing}
-
-    def traced_hooks(self) -> Mapping[Event, Hook]:
-        late = Event.BEFORE_BACKWARD if self.interpolate_loss else Event.BEFORE_LOSS
-        return {
-            Event.BEFORE_FORWARD: self._mix_inputs,
-            late: self._mix_loss if self.interpolate_loss else self._mix_targets,
-        }
-
-    def _draw_mixing(
-        self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
-    ) -> tuple[Static, State]:
-        step_key = R.host_fold_in(R.host_key(static.seed), timestamp.batch)
-        key = R.host_fold_in(step_key, R.name_to_int(self.name))
-        if self.per_sample:
-            if meta is None:
-                raise ValueError("MixUp(per_sample=True) needs the batch size at BATCH_START (BatchMeta)")
-            drawn = draw_mixing_per_sample(key, self.alpha, meta.batch_size)
-        else:
-            drawn = torch.tensor(draw_mixing(key, self.alpha), dtype=torch.float32)
-        value = drawn.to(state.step.device, non_blocking=True)
-        return static, state.replace(algos={**state.algos, self.name: value})
-
-    def _mix_inputs(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
-        input = batch_get(ctx.batch, self.input_key)
-        indices = R.permutation(R.fold_in(ctx.key, R.name_to_int(self.name)), input.shape[0])
-        mixed = mixup_apply(input, indices.to(input.device), state.algos[self.name])
-        return state, ctx.replace(
-            batch=batch_set(ctx.batch, self.input_key, mixed), scratch={**ctx.scratch, self.name: indices}
-        )
-
-    def _mix_targets(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
-        target = batch_get(ctx.batch, self.target_key)
-        mixing = state.algos[self.name]
-        mixed = mixup_targets(target, ctx.scratch[self.name], mixing, ctx.outputs.shape[1])
-        if self.per_sample:
-            state = state.replace(algos={**state.algos, self.name: mixing.new_zeros(0)})
-        return state, ctx.replace(batch=batch_set(ctx.batch, self.target_key, mixed))
-
-    def _mix_loss(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
-        target = batch_get(ctx.batch, self.target_key)
-        permuted = batch_set(ctx.batch, self.target_key, target[ctx.scratch[self.name]])
-        assert ctx.loss is not None
-        loss = torch.lerp(ctx.loss, ctx.loss_fn(ctx.outputs, permuted), state.algos[self.name].to(ctx.loss.dtype))
-        return state, ctx.replace(loss=loss)
+    def mix_losses(self, loss: Tensor, partner_loss: Tensor, pairing: MixUpParams) -> Tensor:
+        return torch.lerp(loss, partner_loss, pairing.mixing.to(loss.dtype))

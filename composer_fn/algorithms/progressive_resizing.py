@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from composer_fn.core import random as R
+from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, StepCtx, batch_get, batch_set
@@ -108,11 +109,6 @@ def _resize_target(target: Tensor, height: int, width: int) -> Tensor:
     return resize_apply(target, height, width)
 
 
-def _check_mode(mode: str) -> None:
-    if mode not in MODES:
-        raise ValueError(f"mode={mode!r} must be one of {', '.join(MODES)}")
-
-
 def _resized(
     input: Tensor,
     target: Tensor,
@@ -156,7 +152,7 @@ def resize_batch(
     for the whole batch, its corner drawn from ``key``. ``scale_factor >= 1`` returns the batch unchanged.
     Targets are resized only with ``resize_targets`` (``[N, H, W]`` masks or ``[N, C, H, W]`` maps).
     """
-    _check_mode(mode)
+    validate.choice("mode", mode, MODES)
     if input.dim() < 3:
         raise ValueError(f"input of shape {tuple(input.shape)}: expected at least [N, H, W] to resize")
     if resize_targets and target.dim() < 3:
@@ -198,22 +194,15 @@ class ProgressiveResizing(Algorithm):
     target_key: int | str = 1
 
     def __post_init__(self) -> None:
-        _check_mode(self.mode)
-        if not 0 < self.initial_scale <= 1:
-            raise ValueError(f"initial_scale={self.initial_scale!r} must lie in (0, 1]")
-        if not 0 <= self.finetune_fraction <= 1:
-            raise ValueError(f"finetune_fraction={self.finetune_fraction!r} must lie in [0, 1]")
+        validate.choice("mode", self.mode, MODES)
+        validate.real("initial_scale", self.initial_scale, minimum=0.0, maximum=1.0, open_below=True)
+        validate.real("finetune_fraction", self.finetune_fraction, minimum=0.0, maximum=1.0)
         if not 0 <= self.delay_fraction <= 1 or self.delay_fraction + self.finetune_fraction > 1:
             raise ValueError(
                 f"delay_fraction={self.delay_fraction!r} with finetune_fraction={self.finetune_fraction!r}: "
                 "each must lie in [0, 1] and their sum may not exceed 1"
             )
-        if isinstance(self.size_increment, bool) or not isinstance(self.size_increment, int) or self.size_increment < 1:
-            raise ValueError(f"size_increment={self.size_increment!r} must be an int >= 1")
-
-    @property
-    def stochastic(self) -> bool:
-        return self.mode == "crop" and self.initial_scale < 1
+        validate.integer("size_increment", self.size_increment, minimum=1)
 
     def scale(self, timestamp: Timestamp) -> float:
         """Returns the unpinned scale at ``timestamp`` (from ``timestamp.elapsed``)."""
@@ -230,10 +219,7 @@ class ProgressiveResizing(Algorithm):
             return ("size", *pinned_size(meta.input_shape[-2], meta.input_shape[-1], scale, self.size_increment))
         return ("scale", scale)
 
-    def traced_hooks(self) -> Mapping[Event, Hook]:
-        return {Event.AFTER_DATALOADER: functools.partial(self._resize, ("scale", 1.0))}
-
-    def traced_hooks_at(self, plan_key: Hashable) -> Mapping[Event, Hook]:
+    def traced_hooks(self, plan_key: Hashable = ("scale", 1.0)) -> Mapping[Event, Hook]:
         return {Event.AFTER_DATALOADER: functools.partial(self._resize, plan_key)}
 
     def _resize(self, plan_key: Hashable, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
@@ -245,7 +231,7 @@ class ProgressiveResizing(Algorithm):
             size = (int(plan_key[1]), int(plan_key[2]))
         else:
             size = pinned_size(height, width, float(plan_key[1]), self.size_increment)
-        key = R.fold_in(ctx.key, R.name_to_int(self.name)) if self.mode == "crop" else None
+        key = R.algorithm_key(ctx.key, self.name) if self.mode == "crop" else None
         new_input, new_target = _resized(input, target, size, self.mode, self.resize_targets, key)
         batch = batch_set(ctx.batch, self.input_key, new_input)
         if self.resize_targets:

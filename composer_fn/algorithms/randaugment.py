@@ -1,7 +1,7 @@
 """RandAugment: apply ``depth`` ops drawn at random, each at a random strength (Cubuk et al., 2019).
 
 For every image and every one of the ``depth`` steps an op is drawn uniformly from the augmentation set and
-its strength from Composer's severity mapping (``_augment_ops.draw_ops``). ``randaugment_params`` makes the
+its strength from Composer's severity mapping (``_augment.draw_ops``). ``randaugment_params`` makes the
 draws, ``randaugment_apply`` applies them to a whole batch at once: one pass per op group and step, no loop
 over images, static shapes under ``torch.compile``.
 
@@ -12,18 +12,17 @@ data-loader workers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from composer_fn.algorithms import _augment_ops as ops
+from composer_fn.algorithms import _augment as ops
+from composer_fn.algorithms._batch_transform import BatchTransform
 from composer_fn.core import random as R
-from composer_fn.core.algorithm import Algorithm, Hook, register
-from composer_fn.core.event import Event
-from composer_fn.core.state import State, StepCtx, batch_get, batch_set
+from composer_fn.core import validate
+from composer_fn.core.algorithm import register
 
 __all__ = [
     "RandAugment",
@@ -68,7 +67,7 @@ def randaugment_params(
 
 
 def randaugment_apply(images: Tensor, params: RandAugmentParams) -> Tensor:
-    """Returns the batch with each image's ops applied in order (deterministic; see ``_augment_ops``).
+    """Returns the batch with each image's ops applied in order (deterministic; see ``_augment``).
 
     ``images`` is ``[B, C, H, W]`` (``C`` 1 or 3), ``uint8`` or floating in ``[0, 1]``; the result has its
     shape and dtype. The input is never written to.
@@ -110,8 +109,7 @@ def randaugment_image(
 
 def _check(severity: float, depth: int, augmentation_set: str) -> None:
     ops.check_severity(severity, augmentation_set)
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
-        raise ValueError(f"depth={depth!r} must be a non-negative int")
+    validate.integer("depth", depth, minimum=0)
 
 
 class RandAugmentTransform(ops.KeyedTransform):
@@ -140,7 +138,7 @@ class RandAugmentTransform(ops.KeyedTransform):
 
 @register
 @dataclass(frozen=True)
-class RandAugment(Algorithm):
+class RandAugment(BatchTransform):
     """Augments the input batch with RandAugment on the device (Composer's ``RandAugment``).
 
     Args:
@@ -162,21 +160,5 @@ class RandAugment(Algorithm):
     def __post_init__(self) -> None:
         _check(self.severity, self.depth, self.augmentation_set)
 
-    @property
-    def stochastic(self) -> bool:
-        return self.depth > 0
-
-    def traced_hooks(self) -> Mapping[Event, Hook]:
-        return {Event.AFTER_DATALOADER: self._augment}
-
-    def _augment(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
-        images = batch_get(ctx.batch, self.input_key)
-        params = randaugment_params(
-            R.fold_in(ctx.key, R.name_to_int(self.name)),
-            images.shape[0],
-            depth=self.depth,
-            severity=self.severity,
-            augmentation_set=self.augmentation_set,
-        )
-        augmented = randaugment_apply(images, params)
-        return state, ctx.replace(batch=batch_set(ctx.batch, self.input_key, augmented))
+    def transform(self, key: R.Key, input: Tensor) -> Tensor:
+        return randaugment_batch(input, self.severity, self.depth, self.augmentation_set, key=key)

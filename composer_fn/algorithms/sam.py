@@ -19,12 +19,13 @@ Composer's second closure draws again and updates them a second time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import GradientFn, State, StepCtx
@@ -34,10 +35,9 @@ __all__ = ["SAM", "sam_gradients", "sam_perturbation", "is_sam_step"]
 
 
 def _check(rho: float, epsilon: float) -> None:
-    if not rho >= 0:
-        raise ValueError(f"rho={rho!r} must be >= 0 (the radius of the neighbourhood)")
-    if not epsilon > 0:
-        raise ValueError(f"epsilon={epsilon!r} must be > 0 (it keeps a zero gradient from dividing by zero)")
+    validate.real("rho", rho, minimum=0.0, hint="the radius of the neighbourhood")
+    hint = "it keeps a zero gradient from dividing by zero"
+    validate.real("epsilon", epsilon, minimum=0.0, open_below=True, hint=hint)
 
 
 def sam_perturbation(grads: Mapping[str, Tensor], rho: float = 0.05, epsilon: float = 1e-12) -> dict[str, Tensor]:
@@ -98,13 +98,12 @@ class SAM(Algorithm):
 
     def __post_init__(self) -> None:
         _check(self.rho, self.epsilon)
-        if isinstance(self.interval, bool) or not isinstance(self.interval, int) or self.interval < 1:
-            raise ValueError(f"interval={self.interval!r} must be an int >= 1")
+        validate.integer("interval", self.interval, minimum=1)
 
     def match(self, event: Event, timestamp: Timestamp) -> bool:
         return is_sam_step(timestamp.batch, self.interval)
 
-    def traced_hooks(self) -> Mapping[Event, Hook]:
+    def traced_hooks(self, plan_key: Hashable = ()) -> Mapping[Event, Hook]:
         return {Event.AFTER_BACKWARD: self._sharpness_aware_gradients}
 
     def _sharpness_aware_gradients(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:

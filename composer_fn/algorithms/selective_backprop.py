@@ -14,7 +14,7 @@ discarded; Composer's scoring pass, in train mode, updates them).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor
 
 from composer_fn.core import random as R
+from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import State, StepCtx, batch_get
@@ -58,14 +59,9 @@ def selection_weights(batch_size: int, keep: float) -> Tensor:
     return weights / weights.sum()
 
 
-def _check_keep(keep: float) -> None:
-    if not 0 < keep <= 1:
-        raise ValueError(f"keep={keep!r} must lie in (0, 1]")
-
-
 def select_indices(key: R.Key, losses: Tensor, keep: float) -> Tensor:
     """Returns the indices of the ``int(keep * N)`` samples drawn by loss rank (see the module docstring)."""
-    _check_keep(keep)
+    validate.real("keep", keep, minimum=0.0, maximum=1.0, open_below=True)
     if losses.dim() != 1:
         raise ValueError(f"losses of shape {tuple(losses.shape)}: expected one loss per sample, [N]")
     count = losses.shape[0]
@@ -108,9 +104,8 @@ def select_using_loss(
     ``loss_fun(outputs, target, reduction="none")`` must return per-sample losses; ``model`` is called once, without
     gradients, on the input downscaled by ``scale_factor`` (in (0, 1]).
     """
-    _check_keep(keep)
-    if not 0 < scale_factor <= 1:
-        raise ValueError(f"scale_factor={scale_factor!r} must lie in (0, 1]")
+    validate.real("keep", keep, minimum=0.0, maximum=1.0, open_below=True)
+    validate.real("scale_factor", scale_factor, minimum=0.0, maximum=1.0, open_below=True)
     if not callable(loss_fun):
         raise TypeError(f"loss_fun={loss_fun!r} must be callable as loss_fun(outputs, target, reduction='none')")
     with torch.no_grad():
@@ -147,24 +142,18 @@ class SelectiveBackprop(Algorithm):
     target_key: int | str = 1
 
     def __post_init__(self) -> None:
-        _check_keep(self.keep)
+        validate.real("keep", self.keep, minimum=0.0, maximum=1.0, open_below=True)
         if not 0 <= self.start <= self.end <= 1:
             raise ValueError(f"start={self.start!r}, end={self.end!r}: expected 0 <= start <= end <= 1")
-        if not 0 < self.scale_factor <= 1:
-            raise ValueError(f"scale_factor={self.scale_factor!r} must lie in (0, 1]")
-        if isinstance(self.interrupt, bool) or not isinstance(self.interrupt, int) or self.interrupt < 0:
-            raise ValueError(f"interrupt={self.interrupt!r} must be an int >= 0")
-
-    @property
-    def stochastic(self) -> bool:
-        return self.keep < 1
+        validate.real("scale_factor", self.scale_factor, minimum=0.0, maximum=1.0, open_below=True)
+        validate.integer("interrupt", self.interrupt, minimum=0)
 
     def match(self, event: Event, timestamp: Timestamp) -> bool:
         return self.keep < 1 and should_selective_backprop(
             timestamp.elapsed, timestamp.batch_in_epoch, self.start, self.end, self.interrupt
         )
 
-    def traced_hooks(self) -> Mapping[Event, Hook]:
+    def traced_hooks(self, plan_key: Hashable = ()) -> Mapping[Event, Hook]:
         return {Event.AFTER_DATALOADER: self._prune}
 
     def _prune(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
@@ -174,6 +163,6 @@ class SelectiveBackprop(Algorithm):
         with torch.no_grad():
             outputs, _ = ctx.forward(state.params, state.buffers, _downscale(input, self.scale_factor))
             losses = ctx.per_sample_loss_fn(outputs, ctx.batch).detach()
-            indices = select_indices(R.fold_in(ctx.key, R.name_to_int(self.name)), losses, self.keep)
+            indices = select_indices(R.algorithm_key(ctx.key, self.name), losses, self.keep)
         # Every per-sample tensor of the batch is pruned alike; other items pass through unchanged.
         return state, ctx.replace(batch=_take(ctx.batch, indices, size), per_sample_loss=losses)

@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from composer_fn.algorithms._timing import stored_time
+from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, StepCtx
@@ -51,9 +53,8 @@ def warmup_sequence_length(
     ``warmup // increments`` units from ``min_seq_length`` and is capped at ``max_seq_length``.
     """
     _check_lengths(min_seq_length, max_seq_length, step_size)
-    for name, value in (("progress", progress), ("warmup", warmup)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name}={value!r} must be an int >= 0")
+    validate.integer("progress", progress, minimum=0)
+    validate.integer("warmup", warmup, minimum=0)
     increments = (max_seq_length - min_seq_length) // step_size
     if increments == 0 or warmup == 0:
         return max_seq_length
@@ -83,8 +84,7 @@ def set_batch_sequence_length(
       same position in two tensors (an input and its label) stay together. ``preserve_end_of_sequence`` is
       ignored.
     """
-    if isinstance(curr_seq_len, bool) or not isinstance(curr_seq_len, int) or curr_seq_len < 1:
-        raise ValueError(f"curr_seq_len={curr_seq_len!r} must be an int >= 1")
+    validate.integer("curr_seq_len", curr_seq_len, minimum=1)
     names, tensors = _items(batch)
     sequence_length = next((t.shape[1] for t in tensors if t.dim() > 1), 0)
     if curr_seq_len >= sequence_length:
@@ -159,13 +159,9 @@ def _truncate_keeping_end(tensor: Tensor, length: int, ends: Tensor) -> Tensor:
 
 
 def _check_lengths(min_seq_length: int, max_seq_length: int, step_size: int) -> None:
-    for name, value in (
-        ("min_seq_length", min_seq_length),
-        ("max_seq_length", max_seq_length),
-        ("step_size", step_size),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be an int >= 1")
+    validate.integer("min_seq_length", min_seq_length, minimum=1)
+    validate.integer("max_seq_length", max_seq_length, minimum=1)
+    validate.integer("step_size", step_size, minimum=1)
     if max_seq_length < min_seq_length:
         raise ValueError(f"max_seq_length={max_seq_length} must be at least min_seq_length={min_seq_length}")
     if 0 < max_seq_length - min_seq_length < step_size:
@@ -177,15 +173,7 @@ def _check_lengths(min_seq_length: int, max_seq_length: int, step_size: int) -> 
 
 @functools.lru_cache(maxsize=64)
 def _parsed_duration(duration: float | str) -> Time:
-    if isinstance(duration, str):
-        time = Time.from_timestring(duration)
-    else:
-        time = Time(float(duration), TimeUnit.DURATION)
-    if time.unit not in _DURATION_UNITS:
-        raise ValueError(
-            f"duration={duration!r} is in {time.unit.value!r}; expected a fraction of the run (a float or 'dur') "
-            "or an amount of ep, ba, sp or tok"
-        )
+    time = validate.time("duration", duration, _DURATION_UNITS, "2000ba", number_unit=TimeUnit.DURATION)
     if time.unit is TimeUnit.DURATION and time.value > 1:
         raise ValueError(f"duration={duration!r} must be a fraction of the run in [0, 1]")
     return time
@@ -211,7 +199,6 @@ class SeqLengthWarmup(Algorithm):
     """
 
     algorithm_name = "seq_length_warmup"
-    modality = "tokens"
 
     duration: float | str = 0.3
     min_seq_length: int = 8
@@ -221,18 +208,8 @@ class SeqLengthWarmup(Algorithm):
     preserve_end_of_sequence: bool = False
 
     def __post_init__(self) -> None:
-        duration: object = self.duration
-        if isinstance(duration, Time):
-            duration = duration.to_timestring()
-        elif isinstance(duration, int) and not isinstance(duration, bool):
-            duration = float(duration)
-        if not isinstance(duration, float | str):
-            raise TypeError(
-                f"duration={self.duration!r} ({type(self.duration).__name__}): expected a fraction of the run "
-                "(float), a time string such as '2000ba' or a Time"
-            )
+        duration = stored_time("duration", self.duration, "2000ba")
         _parsed_duration(duration)
-        # Stored in one canonical, JSON-friendly form, so equal warm-ups are equal records.
         object.__setattr__(self, "duration", duration)
         _check_lengths(self.min_seq_length, self.max_seq_length, self.step_size)
 
@@ -265,15 +242,11 @@ class SeqLengthWarmup(Algorithm):
             return min(length, meta.input_shape[1])
         return length
 
-    def traced_hooks_at(self, plan_key: Hashable) -> Mapping[Event, Hook]:
-        if isinstance(plan_key, bool) or not isinstance(plan_key, int):
-            raise TypeError(
-                f"plan_key={plan_key!r}: expected the sequence length (an int) that plan_key returned"
-            )
-        return {Event.AFTER_DATALOADER: functools.partial(self._set_length, plan_key)}
-
-    def traced_hooks(self) -> Mapping[Event, Hook]:
-        return self.traced_hooks_at(self.max_seq_length)
+    def traced_hooks(self, plan_key: Hashable = None) -> Mapping[Event, Hook]:
+        length = self.max_seq_length if plan_key is None else plan_key
+        if not validate.is_integer(length):
+            raise TypeError(f"plan_key={plan_key!r}: expected the sequence length (an int) that plan_key returned")
+        return {Event.AFTER_DATALOADER: functools.partial(self._set_length, length)}
 
     def _set_length(self, length: int, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
         batch = set_batch_sequence_length(ctx.batch, length, self.truncate, self.preserve_end_of_sequence)

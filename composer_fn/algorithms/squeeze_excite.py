@@ -20,8 +20,9 @@ from torch import Tensor, nn
 
 from composer_fn.algorithms._surgery import Surgery, matching_modules, replace_modules
 from composer_fn.core import random as R
+from composer_fn.core import validate
 from composer_fn.core.algorithm import register
-from composer_fn.models.init import init_parameters
+from composer_fn.nn import init_parameters
 
 __all__ = [
     "SqueezeExcite",
@@ -31,6 +32,8 @@ __all__ = [
     "latent_width",
 ]
 
+_LATENT_FORMS = "a width (>= 1) or a fraction of the convolution's output channels (< 1)"
+
 
 def latent_width(num_features: int, latent_channels: float) -> int:
     """Returns the hidden width ``L`` of the block after ``num_features`` channels (Composer's rule).
@@ -38,7 +41,7 @@ def latent_width(num_features: int, latent_channels: float) -> int:
     ``latent_channels >= 1`` is the width itself (truncated to an int); below 1 it is a fraction of
     ``num_features``, truncated. A width below 1 is refused.
     """
-    _check_latent(latent_channels)
+    validate.real("latent_channels", latent_channels, minimum=0.0, open_below=True, hint=_LATENT_FORMS)
     width = int(latent_channels if latent_channels >= 1 else latent_channels * num_features)
     if width < 1:
         raise ValueError(
@@ -60,8 +63,7 @@ class SqueezeExcite2d(nn.Module):
         self, num_features: int, latent_channels: float = 0.125, *, key: Tensor | None = None
     ) -> None:
         super().__init__()
-        if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
-            raise ValueError(f"num_features={num_features!r} must be an int >= 1")
+        validate.integer("num_features", num_features, minimum=1)
         self.latent_channels = latent_width(num_features, latent_channels)
         with torch.device("meta"):
             self.pool_and_mlp = nn.Sequential(
@@ -104,22 +106,9 @@ class SqueezeExciteConv2d(nn.Module):
         return self.se(self.conv(input))
 
 
-def _check_latent(latent_channels: float) -> None:
-    if (
-        isinstance(latent_channels, bool)
-        or not isinstance(latent_channels, int | float)
-        or not latent_channels > 0
-    ):
-        raise ValueError(
-            f"latent_channels={latent_channels!r} must be a number > 0: a width (>= 1) or a fraction of the "
-            "convolution's output channels (< 1)"
-        )
-
-
 def _check(latent_channels: float, min_channels: int) -> None:
-    _check_latent(latent_channels)
-    if isinstance(min_channels, bool) or not isinstance(min_channels, int) or min_channels < 0:
-        raise ValueError(f"min_channels={min_channels!r} must be an int >= 0")
+    validate.real("latent_channels", latent_channels, minimum=0.0, open_below=True, hint=_LATENT_FORMS)
+    validate.integer("min_channels", min_channels, minimum=0)
 
 
 def _squeeze_excite_targets(model: nn.Module, min_channels: int) -> tuple[str, ...]:
@@ -176,16 +165,6 @@ class SqueezeExcite(Surgery):
 
     def __post_init__(self) -> None:
         _check(self.latent_channels, self.min_channels)
-
-    @classmethod
-    def for_checks(cls) -> SqueezeExcite:
-        """Returns blocks of width 4 after convolutions of 8 channels and more (the contract suite's SmallCNN)."""
-        return cls(latent_channels=4, min_channels=8)
-
-    @property
-    def stochastic(self) -> bool:
-        """Returns True: the run's key picks the new blocks' initial weights (its steps draw nothing)."""
-        return True
 
     def targets(self, module: nn.Module) -> frozenset[str]:
         return frozenset(_squeeze_excite_targets(module, self.min_channels))

@@ -38,13 +38,15 @@ import torch
 from torch import Tensor, nn
 
 from composer_fn.algorithms._surgery import Surgery, replace_modules
+from composer_fn.algorithms._timing import stored_time
 from composer_fn.core import random as R
+from composer_fn.core import validate
 from composer_fn.core.algorithm import HostHook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static
 from composer_fn.core.time import Time, Timestamp, TimeUnit
-from composer_fn.models.keyed import register_forward_key
-from composer_fn.models.resnet import CIFARResNet
+from composer_fn.nn import register_forward_key
+from composer_fn.nn.residual import BasicBlock
 
 __all__ = [
     "StochasticDepth",
@@ -71,11 +73,9 @@ def _block_kinds(target_layer_name: str) -> tuple[tuple[type[nn.Module], str], .
     # Imported on first use: torchvision takes about a second to import, and most runs never ask.
     from torchvision.models import resnet as torchvision_resnet
 
-    from composer_fn.models import resnet
-
     if target_layer_name in ("ResNetBottleneck", "Bottleneck"):
         return ((torchvision_resnet.Bottleneck, "bn3"),)
-    return ((resnet.BasicBlock, "bn2"), (torchvision_resnet.BasicBlock, "bn2"))
+    return ((BasicBlock, "bn2"), (torchvision_resnet.BasicBlock, "bn2"))
 
 
 class StochasticBranch(nn.Module):
@@ -93,8 +93,8 @@ class StochasticBranch(nn.Module):
         self, layer: nn.Module, drop_rate: float, stochastic_method: StochasticMethod = "block"
     ) -> None:
         super().__init__()
-        _check_method(stochastic_method)
-        _check_rate(drop_rate, "drop_rate")
+        validate.choice("stochastic_method", stochastic_method, STOCHASTIC_METHODS)
+        validate.probability("drop_rate", drop_rate)
         self.layer = layer
         self.stochastic_method = stochastic_method
         device = next((t.device for t in (*layer.parameters(), *layer.buffers())), torch.device("cpu"))
@@ -122,8 +122,8 @@ def drop_rates(
     drop_rate: float, count: int, drop_distribution: DropDistribution = "linear"
 ) -> tuple[float, ...]:
     """Returns the rates of ``count`` blocks in depth order: ``drop_rate · (l+1)/count`` (linear) or ``drop_rate``."""
-    _check_rate(drop_rate, "drop_rate")
-    _check_distribution(drop_distribution)
+    validate.probability("drop_rate", drop_rate)
+    validate.choice("drop_distribution", drop_distribution, DROP_DISTRIBUTIONS)
     if drop_distribution == "uniform":
         return (float(drop_rate),) * count
     return tuple(drop_rate * (index + 1) / count for index in range(count))
@@ -189,25 +189,6 @@ def _static_branch_names(model: nn.Module) -> tuple[str, ...]:
     return names
 
 
-def _check_rate(rate: float, argument: str) -> None:
-    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0.0 <= rate <= 1.0:
-        raise ValueError(f"{argument}={rate!r} must be a probability in [0, 1]")
-
-
-def _check_method(stochastic_method: str) -> None:
-    if stochastic_method not in STOCHASTIC_METHODS:
-        raise ValueError(
-            f"stochastic_method={stochastic_method!r} must be one of {', '.join(STOCHASTIC_METHODS)}"
-        )
-
-
-def _check_distribution(drop_distribution: str) -> None:
-    if drop_distribution not in DROP_DISTRIBUTIONS:
-        raise ValueError(
-            f"drop_distribution={drop_distribution!r} must be one of {', '.join(DROP_DISTRIBUTIONS)}"
-        )
-
-
 def _check(target_layer_name: str, stochastic_method: str, drop_rate: float, drop_distribution: str) -> None:
     if target_layer_name not in TARGET_LAYER_NAMES:
         raise ValueError(
@@ -215,26 +196,15 @@ def _check(target_layer_name: str, stochastic_method: str, drop_rate: float, dro
             f"{', '.join(TARGET_LAYER_NAMES)} ('ResNetBottleneck' and 'Bottleneck' are torchvision's Bottleneck, "
             "'BasicBlock' is torchvision's or composer_fn.models.resnet's)"
         )
-    _check_method(stochastic_method)
-    _check_rate(drop_rate, "drop_rate")
-    _check_distribution(drop_distribution)
+    validate.choice("stochastic_method", stochastic_method, STOCHASTIC_METHODS)
+    validate.probability("drop_rate", drop_rate)
+    validate.choice("drop_distribution", drop_distribution, DROP_DISTRIBUTIONS)
 
 
 @functools.lru_cache(maxsize=64)
 def _parsed_warmup(drop_warmup: float | str) -> Time:
-    try:
-        time = (
-            Time.from_timestring(drop_warmup)
-            if isinstance(drop_warmup, str)
-            else Time(drop_warmup, TimeUnit.DURATION)
-        )
-    except (TypeError, ValueError):
-        time = None
-    if time is None or time.unit not in (TimeUnit.DURATION, TimeUnit.BATCH) or time.value < 0:
-        raise ValueError(
-            f"drop_warmup={drop_warmup!r} must be a fraction of the run (a float in [0, 1] or '0.1dur') or a "
-            "number of batches ('500ba')"
-        )
+    units = (TimeUnit.DURATION, TimeUnit.BATCH)
+    time = validate.time("drop_warmup", drop_warmup, units, "0.1dur", number_unit=TimeUnit.DURATION)
     if time.unit is TimeUnit.DURATION and time.value > 1:
         raise ValueError(f"drop_warmup={drop_warmup!r} must be a fraction of the run in [0, 1]")
     return time
@@ -293,33 +263,10 @@ class StochasticDepth(Surgery):
 
     def __post_init__(self) -> None:
         _check(self.target_layer_name, self.stochastic_method, self.drop_rate, self.drop_distribution)
-        warmup: object = self.drop_warmup
-        if isinstance(warmup, Time):
-            warmup = warmup.to_timestring()
-        elif isinstance(warmup, int) and not isinstance(warmup, bool):
-            warmup = float(warmup)
-        if not isinstance(warmup, float | str):
-            raise TypeError(
-                f"drop_warmup={self.drop_warmup!r} ({type(self.drop_warmup).__name__}): expected a fraction of the "
-                "run (float), a time string such as '0.1dur' or '500ba', or a Time"
-            )
+        warmup = stored_time("drop_warmup", self.drop_warmup, "500ba")
         _parsed_warmup(warmup)
         # One canonical, JSON-friendly form, so equal warm-ups are equal records.
         object.__setattr__(self, "drop_warmup", warmup)
-
-    @classmethod
-    def for_checks(cls) -> StochasticDepth:
-        """Returns sample-wise dropping of basic blocks at rate 0.5, warming up over the first two batches."""
-        return cls("BasicBlock", "sample", drop_rate=0.5, drop_warmup="2ba")
-
-    @classmethod
-    def check_model(cls) -> nn.Module:
-        return CIFARResNet(8, num_classes=4, in_channels=3, width=4)
-
-    @property
-    def stochastic(self) -> bool:
-        """Returns whether it drops anything: the rewritten layers draw from the step's forward keys."""
-        return self.drop_rate > 0
 
     @property
     def _warms_up(self) -> bool:
@@ -330,11 +277,7 @@ class StochasticDepth(Surgery):
 
     def rewrite(self, module: nn.Module, key: Tensor) -> nn.Module:
         return apply_stochastic_depth(
-            module,
-            self.target_layer_name,
-            stochastic_method=self.stochastic_method,
-            drop_rate=self.drop_rate,
-            drop_distribution=self.drop_distribution,
+            module, self.target_layer_name, self.stochastic_method, self.drop_rate, self.drop_distribution
         )
 
     def host_hooks(self) -> Mapping[Event, HostHook]:

@@ -27,7 +27,7 @@ import bisect
 import copy
 import functools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -35,8 +35,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from composer_fn.algorithms._timing import batch_end_times, epoch_end_times, parse_time
-from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
+from composer_fn.algorithms._timing import batch_end_times, epoch_end_times
+from composer_fn.core import validate
+from composer_fn.core.algorithm import Algorithm, Capabilities, Hook, HostHook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx
 from composer_fn.core.time import Time, Timestamp, TimeUnit
@@ -66,8 +67,7 @@ def swa_update(average: Mapping[str, Tensor], params: Mapping[str, Tensor], n_av
         weight = 1.0 / (n_averaged.to(torch.float32) + 1.0)
         mixed = list(torch._foreach_lerp(old, new, weight)) if old else []  # type: ignore[call-overload]
     else:
-        if isinstance(n_averaged, bool) or n_averaged < 0:
-            raise ValueError(f"n_averaged={n_averaged!r} must be an int >= 0")
+        validate.integer("n_averaged", n_averaged, minimum=0)
         mixed = [p.clone() for p in new] if n_averaged == 0 else list(torch._foreach_lerp(old, new, 1.0 / (n_averaged + 1)))
     return dict(zip(names, mixed, strict=True))
 
@@ -173,33 +173,25 @@ class SWA(Algorithm):
     anneal_steps: int = 10
     swa_lr: float | None = None
 
-    @classmethod
-    def for_checks(cls) -> SWA:
-        return cls(swa_start="0.3dur", swa_end="1.0dur", update_interval="1ba", schedule_swa_lr=True, swa_lr=0.5)
-
     def __post_init__(self) -> None:
-        start = parse_time(self.swa_start, "swa_start", _WINDOW_UNITS, "0.7dur")
-        end = parse_time(self.swa_end, "swa_end", _WINDOW_UNITS, "0.97dur")
+        start = validate.time("swa_start", self.swa_start, _WINDOW_UNITS, "0.7dur")
+        end = validate.time("swa_end", self.swa_end, _WINDOW_UNITS, "0.97dur")
         if start.unit is not end.unit:
             raise ValueError(
                 f"swa_start={self.swa_start!r} and swa_end={self.swa_end!r} must share a unit (both dur or both ep)"
             )
         for argument, value in (("swa_start", start), ("swa_end", end)):
-            if value.value < 0 or (value.unit is TimeUnit.DURATION and value.value > 1):
+            if value.unit is TimeUnit.DURATION and value.value > 1:
                 raise ValueError(f"{argument}={getattr(self, argument)!r} must be in [0, 1] dur or >= 0 ep")
         if not start.value < end.value:
             raise ValueError(f"swa_end={self.swa_end!r} must come after swa_start={self.swa_start!r}")
-        interval = parse_time(self.update_interval, "update_interval", _INTERVAL_UNITS, "1ep")
+        interval = validate.time("update_interval", self.update_interval, _INTERVAL_UNITS, "1ep")
         if not (interval.value >= 1 and float(interval.value).is_integer()):
             raise ValueError(f"update_interval={self.update_interval!r} must be a whole number >= 1 of ba or ep")
-        if self.anneal_strategy not in _STRATEGIES:
-            raise ValueError(f"anneal_strategy={self.anneal_strategy!r} must be one of 'linear', 'cos'")
-        if isinstance(self.anneal_steps, bool) or not isinstance(self.anneal_steps, int) or self.anneal_steps < 1:
-            raise ValueError(f"anneal_steps={self.anneal_steps!r} must be an int >= 1")
-        if self.swa_lr is not None and (
-            isinstance(self.swa_lr, bool) or not isinstance(self.swa_lr, int | float) or not self.swa_lr >= 0
-        ):
-            raise ValueError(f"swa_lr={self.swa_lr!r} must be None or a learning-rate multiplier >= 0")
+        validate.choice("anneal_strategy", self.anneal_strategy, _STRATEGIES)
+        validate.integer("anneal_steps", self.anneal_steps, minimum=1)
+        if self.swa_lr is not None:
+            validate.real("swa_lr", self.swa_lr, minimum=0.0, hint="a learning-rate multiplier, or None")
 
     @property
     def _interval(self) -> Time:
@@ -215,7 +207,7 @@ class SWA(Algorithm):
             "n_averaged": torch.zeros((), dtype=torch.int64, device=state.step.device),
         }
 
-    def traced_hooks(self) -> Mapping[Event, Hook]:
+    def traced_hooks(self, plan_key: Hashable = ()) -> Mapping[Event, Hook]:
         return {Event.AFTER_OPTIMIZER_STEP: self._update_in_step} if self._in_batches else {}
 
     def host_hooks(self) -> Mapping[Event, HostHook]:
@@ -244,7 +236,11 @@ class SWA(Algorithm):
         steps_per_epoch = finished_batches // now.epoch if now.epoch > 0 and finished_batches > 0 else max(max_steps, 1)
         return _events(self, steps_per_epoch, max_steps)
 
+    def capabilities(self) -> Capabilities:
+        return Capabilities(lr_multiplier=self.lr_multiplier if self.schedule_swa_lr else None)
+
     def lr_multiplier(self, schedule: Any, *, steps_per_epoch: int, max_steps: int) -> Any:
+        """Returns the run's multiplier ``schedule`` with the SWA annealing from the first update on."""
         if not self.schedule_swa_lr:
             return schedule
         events = _events(self, steps_per_epoch, max_steps)
@@ -265,7 +261,7 @@ class SWA(Algorithm):
         entry = state.algos[self.name]
         average = swa_update(entry["params"], state.params, entry["n_averaged"])
         new_entry = {"params": average, "n_averaged": entry["n_averaged"] + 1}
-        return state.replace(algos={**state.algos, self.name: new_entry})
+        return state.with_algo(self.name, new_entry)
 
     def _update_in_step(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
         return self._averaged(state), ctx

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from composer_fn.algorithms._surgery import Surgery, replace_modules
+from composer_fn.core import validate
 from composer_fn.core.algorithm import register
 
 __all__ = [
@@ -77,23 +78,17 @@ _STANDARDIZED: dict[type[nn.Module], type[nn.Module]] = {
 _CONVOLUTIONS = (*_STANDARDIZED, *_STANDARDIZED.values())
 
 
+_CONV_SETTINGS = ("stride", "padding", "dilation", "groups", "padding_mode")
+
+
 def standardized_conv(conv: nn.Conv1d | nn.Conv2d | nn.Conv3d) -> nn.Module:
     """Returns a ``WSConv*d`` with ``conv``'s settings and copies of its tensors; ``conv`` is untouched."""
     cls = _STANDARDIZED.get(type(conv))
     if cls is None:
         raise TypeError(f"conv={type(conv).__name__} must be a torch.nn.Conv1d, Conv2d or Conv3d")
+    settings = {name: getattr(conv, name) for name in _CONV_SETTINGS}
     with torch.device("meta"):
-        new = cls(
-            conv.in_channels,
-            conv.out_channels,
-            conv.kernel_size,
-            stride=conv.stride,
-            padding=conv.padding,
-            dilation=conv.dilation,
-            groups=conv.groups,
-            bias=conv.bias is not None,
-            padding_mode=conv.padding_mode,
-        )
+        new = cls(conv.in_channels, conv.out_channels, conv.kernel_size, bias=conv.bias is not None, **settings)
     new.weight = nn.Parameter(conv.weight.detach().clone(), requires_grad=conv.weight.requires_grad)
     if conv.bias is not None:
         new.bias = nn.Parameter(conv.bias.detach().clone(), requires_grad=conv.bias.requires_grad)
@@ -144,15 +139,6 @@ def _targets(module: nn.Module, n_last_layers_ignore: int) -> list[str]:
     return [name for name in chosen if type(module.get_submodule(name)) in _STANDARDIZED]
 
 
-def _check_ignore(n_last_layers_ignore: object) -> None:
-    if (
-        isinstance(n_last_layers_ignore, bool)
-        or not isinstance(n_last_layers_ignore, int)
-        or n_last_layers_ignore < 0
-    ):
-        raise ValueError(f"n_last_layers_ignore={n_last_layers_ignore!r} must be an int >= 0")
-
-
 def _standardized(module: nn.Module, names: list[str]) -> nn.Module:
     replacements = {name: standardized_conv(module.get_submodule(name)) for name in names}  # type: ignore[arg-type]
     return replace_modules(module, replacements)
@@ -164,7 +150,7 @@ def apply_weight_standardization(module: nn.Module, n_last_layers_ignore: int = 
     The last ``n_last_layers_ignore`` convolutions (in calling order) stay plain. Composer's function edits the
     module in place and returns the count; count the ``WSConv*d`` modules of the result instead.
     """
-    _check_ignore(n_last_layers_ignore)
+    validate.integer("n_last_layers_ignore", n_last_layers_ignore, minimum=0)
     return _standardized(module, _targets(module, n_last_layers_ignore))
 
 
@@ -176,7 +162,7 @@ class WeightStandardization(Surgery):
     n_last_layers_ignore: int = 0
 
     def __post_init__(self) -> None:
-        _check_ignore(self.n_last_layers_ignore)
+        validate.integer("n_last_layers_ignore", self.n_last_layers_ignore, minimum=0)
 
     def targets(self, module: nn.Module) -> frozenset[str]:
         return frozenset(_targets(module, self.n_last_layers_ignore))

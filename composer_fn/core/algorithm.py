@@ -1,22 +1,11 @@
 """The Algorithm contract: a frozen record of hyperparameters plus pure hooks keyed by event.
 
-An algorithm keeps no state on itself. Whatever it must carry between steps lives in ``State.algos[name]``
-(created by ``init``); whatever it carries between the events of one step lives in ``StepCtx.scratch[name]``.
-
-- ``traced_hooks()`` maps traced events to ``(State, StepCtx) -> (State, StepCtx)``: pure tensor code, no
-  ``.item()``, no Python branching on tensor values, randomness only from ``ctx.key``.
-- ``host_hooks()`` maps host events to ``(Static, State, Timestamp, BatchMeta | None) -> (Static, State)``:
-  surgery, schedules written into ``hparams``, parameters sampled on the host.
-- ``match(event, timestamp)`` decides from Python values *whether* a hook runs at that time.
-- ``plan_key(timestamp, meta)`` names any shape-affecting choice (an image size, a sequence length); the engine
-  resolves the traced hooks for it with ``traced_hooks_at(plan_key)``, so a hook can bind it as a Python value,
-  and each distinct value compiles one step.
-- ``requires`` declares what the trainer must provide (e.g. ``"per_sample_loss"``), as data.
-- ``rewrites_model`` and ``surgery_targets(module)`` describe model surgery: which submodules a rewrite at INIT
-  replaces, so conflicting surgeries are refused before training, and checkpoints re-apply surgeries first.
-- ``modality`` says what batches the algorithm transforms (``"image"`` or ``"tokens"``), so the contract
-  suite builds a matching set-up; ``input_range`` says what values it expects of floating-point inputs, so
-  the trainer can refuse a batch it would silently mangle.
+An algorithm keeps no state on itself: what it carries between steps lives in ``State.algos[name]`` (created by
+``init``), what it carries between the events of one step in ``StepCtx.scratch[name]``. Traced hooks are pure
+tensor code (no ``.item()``, no Python branching on tensor values, randomness only from ``ctx.key``); host hooks
+run between steps on Python values. ``requires`` and ``capabilities()`` declare, as data, what the trainer
+must provide and what the algorithm does besides its hooks. How the contract suite checks an algorithm is not
+part of the record: see ``composer_fn.testing.settings``.
 """
 
 from __future__ import annotations
@@ -34,11 +23,11 @@ from composer_fn.core.time import Timestamp
 
 __all__ = [
     "Algorithm",
+    "Capabilities",
     "Hook",
     "HostHook",
     "REGISTRY",
     "REQUIREMENTS",
-    "MODALITIES",
     "register",
     "algorithm_from_config",
     "algorithms_from_json",
@@ -50,9 +39,6 @@ HostHook = Callable[[Static, State, Timestamp, BatchMeta | None], tuple[Static, 
 
 REQUIREMENTS: frozenset[str] = frozenset({"per_sample_loss", "extra_forward", "loss_closure", "train_data"})
 """What an algorithm may ask of the trainer in ``requires``."""
-
-MODALITIES: tuple[str, ...] = ("image", "tokens")
-"""The kinds of batch an algorithm may declare in ``modality``."""
 
 REGISTRY: dict[str, type[Algorithm]] = {}
 """Every registered algorithm class by its name; the contract suite walks it."""
@@ -73,8 +59,37 @@ def _registered_name(cls: type[Algorithm]) -> str:
 
 
 @dataclass(frozen=True)
+class Capabilities:
+    """What an algorithm does besides its hooks; every field off by default."""
+
+    input_range: tuple[float, float] | None = None
+    """The range floating-point inputs must lie in (``(0.0, 1.0)``: pixels before normalisation), or None."""
+
+    interpolates_loss: bool = False
+    """Whether it replaces the loss by an interpolation of two losses (two such algorithms get a warning)."""
+
+    rewrites: Callable[[Any], frozenset[str]] | None = None
+    """Model surgery: ``rewrites(module)`` names the submodules it replaces at INIT. Two algorithms claiming one
+    submodule are refused before training; a checkpoint re-applies the surgery before loading."""
+
+    freezes: Callable[[Any, Timestamp], frozenset[str]] | None = None
+    """Layer freezing: ``freezes(module, timestamp)`` names the parameters that get neither gradient nor update
+    in the step starting at ``timestamp`` (host-only; each distinct set builds its own step)."""
+
+    lr_multiplier: Callable[..., Any] | None = None
+    """``lr_multiplier(schedule, steps_per_epoch=, max_steps=)`` returns the learning-rate multiplier to train
+    with instead of the run's ``schedule`` (a function of the step count); folded once, when training starts."""
+
+
+_NONE = Capabilities()
+
+
+@dataclass(frozen=True)
 class Algorithm:
     """Base record of every algorithm. Subclasses are frozen dataclasses whose fields are hyperparameters."""
+
+    algorithm_name: ClassVar[str | None] = None
+    """The registered name; the snake-case class name when not given (``MixUp`` sets ``"mixup"``)."""
 
     placement: ClassVar[Literal["any", "first", "last"]] = "any"
     """Where the default passes put it among the algorithms of an event."""
@@ -82,105 +97,34 @@ class Algorithm:
     requires: ClassVar[frozenset[str]] = frozenset()
     """What the trainer must provide, a subset of ``REQUIREMENTS``."""
 
-    algorithm_name: ClassVar[str | None] = None
-    """The registered name; the snake-case class name when not given (``MixUp`` sets ``"mixup"``)."""
-
-    modality: ClassVar[str] = "image"
-    """What batches it works on: ``"image"`` (``[B, C, H, W]`` inputs, class targets) or ``"tokens"``."""
-
-    input_range: ClassVar[tuple[float, float] | None] = None
-    """The range floating-point inputs must lie in (``(0.0, 1.0)``: pixels before normalisation), or None."""
-
-    rewrites_model: ClassVar[bool] = False
-    """Whether it rewrites the model's structure (model surgery): a checkpoint re-applies it before loading."""
-
-    @classmethod
-    def for_checks(cls) -> Algorithm:
-        """Returns an instance whose hooks all act within a three-batch run, for the contract suite.
-
-        The defaults where they do (most algorithms); an algorithm whose defaults wait for a later time, or
-        need larger layers than the suite's small models, returns hyperparameters that make it act.
-        """
-        return cls()
-
-    @classmethod
-    def check_model(cls) -> Any:
-        """Returns the model the contract suite checks it on (images ``[B, 3, 8, 8]``, 4 classes), or None.
-
-        None (most algorithms) means the suite's model for its modality; a surgery on layers that model lacks
-        (GroupNorm, dropout) returns one that has them.
-        """
-        return None
-
     @property
     def name(self) -> str:
-        """Returns the key of this algorithm's entry in ``State.algos`` and in traces."""
+        """Returns the key of this algorithm's entry in ``State.algos``, in ``StepCtx.scratch`` and in traces."""
         return _registered_name(type(self))
-
-    @property
-    def stochastic(self) -> bool:
-        """Returns whether its effect depends on the random key (the contract suite checks either way)."""
-        return False
-
-    @property
-    def interpolates_loss(self) -> bool:
-        """Returns whether the algorithm replaces the loss by an interpolation of two losses."""
-        return bool(getattr(self, "interpolate_loss", False))
-
-    def traced_hooks(self) -> Mapping[Event, Hook]:
-        """Returns the pure tensor hooks by traced event."""
-        return {}
-
-    def host_hooks(self) -> Mapping[Event, HostHook]:
-        """Returns the host hooks by host event."""
-        return {}
-
-    def events(self) -> frozenset[Event]:
-        """Returns every event this algorithm has a hook for."""
-        return frozenset(self.traced_hooks()) | frozenset(self.host_hooks())
 
     def match(self, event: Event, timestamp: Timestamp) -> bool:
         """Returns whether the hook for ``event`` runs at ``timestamp`` (only asked for events it hooks)."""
         return True
 
     def plan_key(self, timestamp: Timestamp, meta: BatchMeta | None = None) -> Hashable:
-        """Returns any shape-affecting choice at ``timestamp`` for the coming batch; a new value compiles a new step.
-
-        ``meta`` describes the coming batch when the caller knows it (the trainer always does).
-        """
+        """Returns any shape-affecting choice for the batch starting at ``timestamp``; a new value compiles anew."""
         return ()
 
-    def traced_hooks_at(self, plan_key: Hashable) -> Mapping[Event, Hook]:
-        """Returns the traced hooks specialised to ``plan_key`` (the value ``plan_key()`` returned)."""
-        return self.traced_hooks()
+    def traced_hooks(self, plan_key: Hashable = ()) -> Mapping[Event, Hook]:
+        """Returns the pure tensor hooks by traced event, specialised to ``plan_key`` (what ``plan_key`` gave)."""
+        return {}
 
-    def surgery_targets(self, module: Any) -> frozenset[str]:
-        """Returns the qualified names of the submodules of ``module`` this algorithm replaces (model surgery).
-
-        Two algorithms that claim the same submodule are refused when the trainer is built.
-        """
-        return frozenset()
-
-    def frozen_parameters(self, module: Any, timestamp: Timestamp) -> frozenset[str]:
-        """Returns the names of ``module``'s parameters that get neither gradient nor update in the coming step.
-
-        Layer freezing: the step computes no gradient for them and leaves them and their optimizer state as
-        they are. Host-only, from the structure and the timestamp before the batch; each distinct set builds
-        (and compiles) its own step.
-        """
-        return frozenset()
-
-    def lr_multiplier(self, schedule: Any, *, steps_per_epoch: int, max_steps: int) -> Any:
-        """Returns the learning-rate multiplier to train with, given the run's (a function of the step count).
-
-        The trainer folds every algorithm's ``lr_multiplier`` over its schedule once, when it is built; most
-        algorithms return ``schedule`` itself.
-        """
-        return schedule
+    def host_hooks(self) -> Mapping[Event, HostHook]:
+        """Returns the host hooks by host event."""
+        return {}
 
     def init(self, static: Static, state: State) -> Any:
         """Returns the initial entry of ``State.algos[self.name]`` (None when the algorithm needs none)."""
         return None
+
+    def capabilities(self) -> Capabilities:
+        """Returns what it does besides its hooks (surgery, freezing, a learning-rate multiplier, input range)."""
+        return _NONE
 
     def to_config(self) -> dict[str, Any]:
         """Returns a JSON-serializable description that ``algorithm_from_config`` turns back into ``self``."""
@@ -200,8 +144,6 @@ def register(cls: _A) -> _A:
     """Returns ``cls`` after adding it to ``REGISTRY`` under its name (a class decorator)."""
     if not (dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen):  # type: ignore[attr-defined]
         raise TypeError(f"{cls.__name__} must be a frozen dataclass to be registered as an algorithm")
-    if cls.modality not in MODALITIES:
-        raise ValueError(f"{cls.__name__}.modality={cls.modality!r}; accepted: {', '.join(MODALITIES)}")
     unknown = cls.requires - REQUIREMENTS
     if unknown:
         raise ValueError(f"{cls.__name__}.requires holds {sorted(unknown)}; accepted: {sorted(REQUIREMENTS)}")

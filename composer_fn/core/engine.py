@@ -9,15 +9,15 @@ event and each algorithm's ``plan_key``), so the trainer keys its compiled steps
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from composer_fn.core.algorithm import Algorithm, Hook, HostHook
-from composer_fn.core.event import TRAIN_STEP_EVENTS, Event
+from composer_fn.core.event import Event
 from composer_fn.core.passes import DEFAULT_CHECKS, DEFAULT_PASSES, Check, Pass
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx
-from composer_fn.core.time import Time, Timestamp, TimeUnit, to_steps
+from composer_fn.core.time import Timestamp
 
 __all__ = [
     "Plan",
@@ -27,20 +27,7 @@ __all__ = [
     "frozen_parameters",
     "run_event",
     "run_host_event",
-    "dry_run",
-    "DryRun",
-    "DryRunRow",
-    "BATCH_HOST_EVENTS_BEFORE",
-    "BATCH_HOST_EVENTS_AFTER",
 ]
-
-BATCH_HOST_EVENTS_BEFORE: tuple[Event, ...] = (Event.BEFORE_DATALOADER, Event.BATCH_START)
-"""Host events of one batch that run before the traced step, matched at the timestamp before the batch."""
-
-BATCH_HOST_EVENTS_AFTER: tuple[Event, ...] = (Event.BATCH_END, Event.BATCH_CHECKPOINT)
-"""Host events of one batch that run after the step, matched at the timestamp after the batch."""
-
-_EPOCH_START_EVENTS: tuple[Event, ...] = (Event.EPOCH_START,)
 
 
 @dataclass(frozen=True)
@@ -91,8 +78,8 @@ class Plan:
 
 
 @functools.lru_cache(maxsize=4096)
-def _hooked_events(algorithm: Algorithm) -> tuple[Event, ...]:
-    hooked = algorithm.events()
+def _hooked_events(algorithm: Algorithm, key: Hashable) -> tuple[Event, ...]:
+    hooked = frozenset(algorithm.traced_hooks(key)) | frozenset(algorithm.host_hooks())
     return tuple(e for e in Event if e in hooked)
 
 
@@ -114,7 +101,8 @@ def check_surgery_conflicts(algorithms: Sequence[Algorithm], module: Any) -> Non
     """Raises ``ValueError`` when two algorithms claim the same submodule of ``module`` for surgery."""
     claimed: dict[str, str] = {}
     for algorithm in algorithms:
-        for target in sorted(algorithm.surgery_targets(module)):
+        rewrites = algorithm.capabilities().rewrites
+        for target in sorted(rewrites(module) if rewrites is not None else ()):
             owner = claimed.get(target)
             if owner is None:
                 owner = next((claimed[t] for t in claimed if _nested(t, target) or _nested(target, t)), None)
@@ -128,10 +116,8 @@ def check_surgery_conflicts(algorithms: Sequence[Algorithm], module: Any) -> Non
 
 def frozen_parameters(algorithms: Sequence[Algorithm], timestamp: Timestamp, module: Any) -> frozenset[str]:
     """Returns the parameters of ``module`` that the algorithms freeze for the step starting at ``timestamp``."""
-    frozen: frozenset[str] = frozenset()
-    for algorithm in algorithms:
-        frozen |= algorithm.frozen_parameters(module, timestamp)
-    return frozen
+    freezing = (a.capabilities().freezes for a in algorithms)
+    return frozenset().union(*(freezes(module, timestamp) for freezes in freezing if freezes is not None))
 
 
 def _nested(outer: str, inner: str) -> bool:
@@ -153,8 +139,10 @@ def make_plan(
     algorithms = tuple(algorithms)
     _check_names(algorithms)
     now = timestamp if timestamp is not None else Timestamp()
-    matched = tuple(tuple(e for e in _hooked_events(a) if a.match(e, now)) for a in algorithms)
     keys = tuple((a.name, a.plan_key(now, meta)) for a in algorithms)
+    matched = tuple(
+        tuple(e for e in _hooked_events(a, key) if a.match(e, now)) for a, (_, key) in zip(algorithms, keys, strict=True)
+    )
     return _build_plan(algorithms, tuple(passes), tuple(checks), matched, keys)
 
 
@@ -170,7 +158,7 @@ def _build_plan(
     diagnostics: list[str] = []
     hooks: dict[Event, tuple[Hook, ...]] = {}
     host: dict[Event, tuple[HostHook, ...]] = {}
-    traced_hooks = {a.name: _traced_hooks_at(a, key) for a, (_, key) in zip(algorithms, keys, strict=True)}
+    traced_hooks = {a.name: a.traced_hooks(key) for a, (_, key) in zip(algorithms, keys, strict=True)}
     for event in Event:
         selected: Sequence[Algorithm] = [a for a, events in zip(algorithms, matched, strict=True) if event in events]
         if not selected:
@@ -185,17 +173,6 @@ def _build_plan(
         else:
             host[event] = tuple(_hook(a, event, a.host_hooks(), "host_hooks") for a in selected)
     return Plan(tuple(order), keys, tuple(dict.fromkeys(diagnostics)), hooks, host)
-
-
-def _traced_hooks_at(algorithm: Algorithm, key: Hashable) -> Mapping[Event, Hook]:
-    hooks = algorithm.traced_hooks_at(key)
-    if frozenset(hooks) != frozenset(algorithm.traced_hooks()):
-        raise ValueError(
-            f"algorithm {algorithm.name!r}: traced_hooks_at({key!r}) hooks {sorted(e.name for e in hooks)} but "
-            f"traced_hooks() hooks {sorted(e.name for e in algorithm.traced_hooks())}; a plan key may change how "
-            "a hook works, not which events it hooks"
-        )
-    return hooks
 
 
 def _hook(algorithm: Algorithm, event: Event, hooks: Mapping[Event, Any], where: str) -> Any:
@@ -230,113 +207,3 @@ def run_host_event(
     for hook in plan.host.get(event, ()):
         static, state = hook(static, state, timestamp, meta)
     return static, state
-
-
-@dataclass(frozen=True)
-class DryRunRow:
-    """Which algorithms run at an event over a span of the schedule (``when`` names the span)."""
-
-    when: str
-    event: Event
-    algorithms: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class DryRun:
-    """The whole schedule of a run as rows, and how many distinct traced steps it compiles."""
-
-    rows: tuple[DryRunRow, ...]
-    compiled_steps: int
-    total_steps: int
-    diagnostics: tuple[str, ...]
-
-    def format(self) -> str:
-        """Returns the schedule as an aligned text table."""
-        header = ("when", "event", "algorithms (in order)")
-        table = [header] + [(r.when, r.event.name, ", ".join(r.algorithms)) for r in self.rows]
-        widths = [max(len(row[i]) for row in table) for i in range(2)]
-        lines = [f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]}".rstrip() for row in table]
-        lines.insert(1, "-" * max(len(line) for line in lines))
-        lines.append(f"{self.total_steps} steps; {self.compiled_steps} distinct traced step(s) to compile")
-        lines.extend(f"warning: {d}" for d in self.diagnostics)
-        return "\n".join(lines)
-
-
-def _spans(labels: Iterable[tuple[int, Hashable]]) -> Iterator[tuple[int, int, Hashable]]:
-    start = last = -1
-    current: Hashable = None
-    for index, label in labels:
-        if start >= 0 and label == current and index == last + 1:
-            last = index
-            continue
-        if start >= 0:
-            yield start, last, current
-        start = last = index
-        current = label
-    if start >= 0:
-        yield start, last, current
-
-
-def dry_run(
-    algorithms: Sequence[Algorithm],
-    max_duration: Time | str,
-    steps_per_epoch: int,
-    *,
-    batch_size: int = 1,
-    input_shape: tuple[int, ...] = (),
-    passes: Sequence[Pass] = DEFAULT_PASSES,
-) -> DryRun:
-    """Returns which algorithm fires at which event and step over a whole run, without training.
-
-    ``input_shape`` (the shape of one batch's input) lets shape-dependent plan keys, and so the count of
-    distinct compiled steps, come out as in training.
-    """
-    if steps_per_epoch < 1:
-        raise ValueError(f"steps_per_epoch={steps_per_epoch!r} must be a positive number of batches")
-    total = to_steps(max_duration, steps_per_epoch=steps_per_epoch, max_steps=0)
-    origin = Timestamp().with_max_duration(Time(total, TimeUnit.BATCH))
-    meta = BatchMeta(batch_size, tuple(input_shape))
-    start = make_plan(algorithms, passes, origin)
-    rows = [DryRunRow("start", e, start.names(e)) for e in (Event.INIT, Event.FIT_START) if start.names(e)]
-    per_batch: list[tuple[int, Hashable]] = []
-    per_epoch: list[tuple[int, Hashable]] = []
-    diagnostics = list(start.diagnostics)
-    step_keys = set()
-    timestamp = origin
-    epoch_start_names: tuple[tuple[Event, tuple[str, ...]], ...] = ()
-    names: tuple[tuple[Event, tuple[str, ...]], ...]
-    for step in range(total):
-        if timestamp.batch_in_epoch == 0:
-            plan = make_plan(algorithms, passes, timestamp)
-            epoch_start_names = tuple((e, plan.names(e)) for e in _EPOCH_START_EVENTS)
-        before = make_plan(algorithms, passes, timestamp, meta=meta)
-        timestamp = timestamp.advance(batch_size)
-        after = make_plan(algorithms, passes, timestamp)
-        diagnostics.extend(before.diagnostics)
-        step_keys.add(before.step_key)
-        names = tuple(
-            [(e, before.names(e)) for e in BATCH_HOST_EVENTS_BEFORE + TRAIN_STEP_EVENTS]
-            + [(e, after.names(e)) for e in BATCH_HOST_EVENTS_AFTER]
-        )
-        per_batch.append((step, names))
-        epoch_done = timestamp.batch_in_epoch == steps_per_epoch
-        if epoch_done or step == total - 1:
-            # As in the trainer: EPOCH_END is matched at the epoch's last timestamp, EPOCH_CHECKPOINT at the
-            # start of the next epoch, and a run that stops mid-epoch ends no epoch.
-            epoch_end_names: tuple[tuple[Event, tuple[str, ...]], ...] = ()
-            if epoch_done:
-                following = timestamp.next_epoch()
-                epoch_end_names = (
-                    (Event.EPOCH_END, make_plan(algorithms, passes, timestamp).names(Event.EPOCH_END)),
-                    (Event.EPOCH_CHECKPOINT, make_plan(algorithms, passes, following).names(Event.EPOCH_CHECKPOINT)),
-                )
-            per_epoch.append((timestamp.epoch, epoch_start_names + epoch_end_names))
-            if epoch_done:
-                timestamp = timestamp.next_epoch()
-    for unit, labels in (("ep", per_epoch), ("ba", per_batch)):
-        for first, last, span_names in _spans(labels):
-            when = f"{unit} {first}" if first == last else f"{unit} {first}-{last}"
-            rows.extend(DryRunRow(when, e, n) for e, n in span_names if n)  # type: ignore[attr-defined]
-    end = make_plan(algorithms, passes, timestamp)
-    rows.extend(DryRunRow("end", e, end.names(e)) for e in (Event.FIT_END,) if end.names(e))
-    return DryRun(tuple(rows), max(len(step_keys), 1), total, tuple(dict.fromkeys(diagnostics)))

@@ -102,25 +102,11 @@ class Event(str, Enum):
         return self.value.startswith("predict_")
 
 
-_PAIRS = (
-    (Event.BEFORE_LOAD, Event.AFTER_LOAD),
-    (Event.FIT_START, Event.FIT_END),
-    (Event.ITERATION_START, Event.ITERATION_END),
-    (Event.EPOCH_START, Event.EPOCH_END),
-    (Event.BEFORE_DATALOADER, Event.AFTER_DATALOADER),
-    (Event.BATCH_START, Event.BATCH_END),
-    (Event.BEFORE_TRAIN_BATCH, Event.AFTER_TRAIN_BATCH),
-    (Event.BEFORE_FORWARD, Event.AFTER_FORWARD),
-    (Event.BEFORE_LOSS, Event.AFTER_LOSS),
-    (Event.BEFORE_BACKWARD, Event.AFTER_BACKWARD),
-    (Event.EVAL_BEFORE_ALL, Event.EVAL_AFTER_ALL),
-    (Event.EVAL_START, Event.EVAL_END),
-    (Event.EVAL_BATCH_START, Event.EVAL_BATCH_END),
-    (Event.EVAL_BEFORE_FORWARD, Event.EVAL_AFTER_FORWARD),
-    (Event.EVAL_STANDALONE_START, Event.EVAL_STANDALONE_END),
-    (Event.PREDICT_START, Event.PREDICT_END),
-    (Event.PREDICT_BATCH_START, Event.PREDICT_BATCH_END),
-    (Event.PREDICT_BEFORE_FORWARD, Event.PREDICT_AFTER_FORWARD),
+# Composer pairs events by name: before_X with after_X, X_start with X_end.
+_PAIRS = tuple(
+    (event, Event(event.value.replace("before_", "after_") if "before_" in event.value else event.value[:-6] + "_end"))
+    for event in Event
+    if "before_" in event.value or event.value.endswith("_start")
 )
 _PARTNERS = {before: after for before, after in _PAIRS}
 _OPENERS = {after: before for before, after in _PAIRS}
@@ -139,13 +125,6 @@ TRAIN_STEP_EVENTS: tuple[Event, ...] = (
 )
 """The traced events of one training step, in the order the step runs them."""
 
-TRACED_EVENTS: frozenset[Event] = frozenset(
-    TRAIN_STEP_EVENTS
-    + (
-        Event.EVAL_BEFORE_FORWARD,
-        Event.EVAL_AFTER_FORWARD,
-        Event.PREDICT_BEFORE_FORWARD,
-        Event.PREDICT_AFTER_FORWARD,
-    )
-)
+_FORWARDS = (Event.EVAL_BEFORE_FORWARD, Event.EVAL_AFTER_FORWARD, Event.PREDICT_BEFORE_FORWARD, Event.PREDICT_AFTER_FORWARD)
+TRACED_EVENTS: frozenset[Event] = frozenset(TRAIN_STEP_EVENTS + _FORWARDS)
 HOST_EVENTS: frozenset[Event] = frozenset(Event) - TRACED_EVENTS

@@ -59,7 +59,7 @@ def set_filo_order(algorithms: Sequence[Algorithm], event: Event) -> Sequence[Al
 
 def check_multiple_loss_interpolation(algorithms: Sequence[Algorithm], event: Event) -> tuple[str, ...]:
     """Returns a diagnostic when more than one algorithm interpolates the loss at ``event``."""
-    interpolating = [a.name for a in algorithms if a.interpolates_loss]
+    interpolating = [a.name for a in algorithms if a.capabilities().interpolates_loss]
     if len(interpolating) > 1:
         return (
             f"{event.name}: {', '.join(interpolating)} each interpolate the loss; the second interpolates "

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from composer_fn.core.host import readable_on_host
+from composer_fn.core.validate import integer
 
 __all__ = [
     "Key",
@@ -39,6 +40,8 @@ __all__ = [
     "to_host",
     "from_host",
     "name_to_int",
+    "algorithm_key",
+    "host_algorithm_key",
 ]
 
 Key = Tensor
@@ -79,12 +82,6 @@ def _host_mix32(x: int) -> int:
     return x ^ (x >> 16)
 
 
-def _check_seed(seed: int) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
-        raise ValueError(f"seed={seed!r} must be an int in [0, 2**64)")
-    return seed
-
-
 def key(seed: int, *, device: torch.device | str | None = None) -> Key:
     """Returns the root key of shape ``[2]`` for ``seed``, an int in ``[0, 2**64)``."""
     return torch.tensor(host_key(seed), dtype=torch.int64, device=device)
@@ -92,7 +89,7 @@ def key(seed: int, *, device: torch.device | str | None = None) -> Key:
 
 def host_key(seed: int) -> HostKey:
     """Returns the host mirror of ``key(seed)``."""
-    _check_seed(seed)
+    integer("seed", seed, minimum=0, maximum=2**64 - 1)
     return (_host_mix32(seed & _MASK ^ _GOLDEN), _host_mix32((seed >> 32) + _M1))
 
 
@@ -116,18 +113,9 @@ def _fold(word0: Tensor, word1: Tensor, data: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _host_readable(k: Key, data: int | Tensor) -> bool:
-    if k.shape != (2,) or k.device.type != "cpu" or torch.compiler.is_compiling():
+    if k.shape != (2,) or not readable_on_host(k):
         return False
-    if torch._C._functorch.is_functorch_wrapped_tensor(k):
-        return False
-    if isinstance(data, int):
-        return True
-    return (
-        data.dim() == 0
-        and data.device.type == "cpu"
-        and not data.is_floating_point()
-        and not torch._C._functorch.is_functorch_wrapped_tensor(data)
-    )
+    return isinstance(data, int) or (data.dim() == 0 and not data.is_floating_point() and readable_on_host(data))
 
 
 def fold_in(k: Key, data: int | Tensor) -> Key:
@@ -332,3 +320,13 @@ def name_to_int(name: str) -> int:
     for byte in name.encode():
         value = ((value ^ byte) * 0x01000193) & _MASK
     return value
+
+
+def algorithm_key(k: Key, name: str) -> Key:
+    """Returns the key an algorithm named ``name`` draws from in the step whose key is ``k``."""
+    return fold_in(k, name_to_int(name))
+
+
+def host_algorithm_key(k: HostKey, name: str) -> HostKey:
+    """Returns the host mirror of ``algorithm_key(from_host(k), name)``."""
+    return host_fold_in(k, name_to_int(name))

@@ -22,6 +22,7 @@ __all__ = [
     "StepCtx",
     "Static",
     "BatchMeta",
+    "batch_meta",
     "Precision",
     "LossFn",
     "ForwardFn",
@@ -97,6 +98,10 @@ class State(_Record):
     step: Tensor
     key: Tensor
 
+    def with_algo(self, name: str, entry: Any) -> State:
+        """Returns a copy whose ``algos[name]`` is ``entry``."""
+        return self.replace(algos={**self.algos, name: entry})
+
 
 @dataclass(frozen=True, eq=False)
 class StepCtx(_Record):
@@ -133,6 +138,10 @@ class StepCtx(_Record):
     per_sample_loss: Tensor | None = None
     grads: Mapping[str, Tensor] | None = None
     scratch: Mapping[str, Any] = field(default_factory=dict)
+
+    def with_scratch(self, name: str, value: Any, **changes: Any) -> StepCtx:
+        """Returns a copy whose ``scratch[name]`` is ``value``, with any other ``changes`` to its fields."""
+        return self.replace(scratch={**self.scratch, name: value}, **changes)
 
 
 State._fields = frozenset(f.name for f in dataclasses.fields(State))
@@ -180,56 +189,31 @@ def _join_nones(values: Any, layout: Hashable) -> dict[str, Any]:
     return fields
 
 
-def _flatten_state(state: State) -> tuple[list[Any], Hashable]:
-    return _split_nones(state, _STATE_FIELDS)
+def _register(cls: type[_Record], fields: tuple[str, ...], functions: tuple[str, ...] = ()) -> None:
+    # Tensors (and mappings of them) are leaves; None markers and the functions a record carries go into the
+    # context, which torch.func and torch.compile treat as constants.
+    def flatten(record: _Record) -> tuple[list[Any], tuple[tuple[Any, ...], Hashable]]:
+        values, layout = _split_nones(record, fields)
+        return values, (tuple(record.__dict__[name] for name in functions), layout)
+
+    def unflatten(values: Any, context: tuple[tuple[Any, ...], Hashable]) -> _Record:
+        captured, layout = context
+        built = _join_nones(values, layout)
+        built.update(zip(functions, captured, strict=True))
+        return _build(cls, built)
+
+    def with_keys(record: _Record) -> tuple[list[tuple[Any, Any]], tuple[tuple[Any, ...], Hashable]]:
+        values, context = flatten(record)
+        names = [name for name, shape in context[1] if shape is not None]  # type: ignore[attr-defined]
+        return [(pytree.GetAttrKey(n), v) for n, v in zip(names, values, strict=True)], context
+
+    pytree.register_pytree_node(
+        cls, flatten, unflatten, serialized_type_name=f"composer_fn.{cls.__name__}", flatten_with_keys_fn=with_keys
+    )
 
 
-def _unflatten_state(values: Any, layout: Hashable) -> State:
-    return _build(State, _join_nones(values, layout))
-
-
-def _functions(ctx: StepCtx) -> tuple[Any, ...]:
-    return tuple(ctx.__dict__[name] for name in _CTX_FUNCTIONS)
-
-
-def _flatten_ctx(ctx: StepCtx) -> tuple[list[Any], tuple[tuple[Any, ...], Hashable]]:
-    values, layout = _split_nones(ctx, _CTX_FIELDS)
-    return values, (_functions(ctx), layout)
-
-
-def _unflatten_ctx(values: Any, context: tuple[tuple[Any, ...], Hashable]) -> StepCtx:
-    functions, layout = context
-    fields = _join_nones(values, layout)
-    fields.update(zip(_CTX_FUNCTIONS, functions, strict=True))
-    return _build(StepCtx, fields)
-
-
-def _state_with_keys(state: State) -> tuple[list[tuple[Any, Any]], Hashable]:
-    values, layout = _split_nones(state, _STATE_FIELDS)
-    names = [name for name, shape in layout if shape is not None]  # type: ignore[attr-defined]
-    return [(pytree.GetAttrKey(n), v) for n, v in zip(names, values, strict=True)], layout
-
-
-def _ctx_with_keys(ctx: StepCtx) -> tuple[list[tuple[Any, Any]], tuple[tuple[Any, ...], Hashable]]:
-    values, layout = _split_nones(ctx, _CTX_FIELDS)
-    names = [name for name, shape in layout if shape is not None]  # type: ignore[attr-defined]
-    return [(pytree.GetAttrKey(n), v) for n, v in zip(names, values, strict=True)], (_functions(ctx), layout)
-
-
-pytree.register_pytree_node(
-    State,
-    _flatten_state,
-    _unflatten_state,
-    serialized_type_name="composer_fn.State",
-    flatten_with_keys_fn=_state_with_keys,
-)
-pytree.register_pytree_node(
-    StepCtx,
-    _flatten_ctx,
-    _unflatten_ctx,
-    serialized_type_name="composer_fn.StepCtx",
-    flatten_with_keys_fn=_ctx_with_keys,
-)
+_register(State, _STATE_FIELDS)
+_register(StepCtx, _CTX_FIELDS, _CTX_FUNCTIONS)
 
 
 @dataclass(frozen=True)
@@ -272,11 +256,21 @@ class Static:
 class BatchMeta:
     """What the host knows about the coming batch without reading device memory.
 
-    ``input_shape`` is the shape of the batch's input tensor (empty when the caller does not know it).
+    ``input_shape`` is the shape of the batch's input tensor (empty when the caller does not know it);
+    ``tokens`` counts the elements of an integer input, as Composer counts tokens (0 for floating inputs).
     """
 
     batch_size: int
     input_shape: tuple[int, ...] = ()
+    tokens: int = 0
+
+
+def batch_meta(batch: Any, input_key: int | str = 0) -> BatchMeta:
+    """Returns the metadata of ``batch``: its size, its input's shape and its token count."""
+    input = batch_get(batch, input_key)
+    shape = tuple(input.shape)
+    tokens = 0 if input.is_floating_point() or input.is_complex() else input.numel()
+    return BatchMeta(int(shape[0]), shape, int(tokens))
 
 
 def initial_state(module: nn.Module, key: Tensor) -> State:

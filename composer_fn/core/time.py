@@ -7,10 +7,14 @@ Host-only Python values, never traced. Names, string forms and arithmetic follow
 from __future__ import annotations
 
 import math
+import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from enum import Enum
 from typing import Any
+
+from composer_fn.core.validate import is_integer, is_real
 
 __all__ = ["TimeUnit", "Time", "Timestamp", "elapsed", "to_steps"]
 
@@ -58,7 +62,7 @@ def _as_unit(unit: TimeUnit | str, argument: str) -> TimeUnit:
 
 
 def _checked_value(value: object, unit: TimeUnit) -> int | float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_real(value):
         raise TypeError(f"value={value!r} ({type(value).__name__}) is not a number; expected an int or float")
     if not math.isfinite(value) or value < 0:
         raise ValueError(
@@ -92,6 +96,38 @@ def _parse_number(text: str) -> int | float:
         return float(text)
 
 
+def _from_unit(unit: TimeUnit, doc: str) -> Any:
+    def build(cls: type[Time], value: int | float) -> Time:
+        return cls(value, unit)
+
+    build.__doc__ = doc
+    return classmethod(build)
+
+
+def _time_comparison(compare: Callable[[Any, Any], bool]) -> Any:
+    def method(self: Time, other: Time | str | int | float) -> bool:
+        operand = self._operand(other, "compare")
+        return NotImplemented if operand is None else compare(self.value, operand.value)
+
+    return method
+
+
+def _time_arithmetic(operation: str, combine: Callable[[Any, Any], Any]) -> Any:
+    def method(self: Time, other: Time | str | int | float) -> Time:
+        operand = self._operand(other, operation)
+        return NotImplemented if operand is None else Time(combine(self.value, operand.value), self.unit)
+
+    return method
+
+
+def _timestamp_comparison(compare: Callable[[Any, Any], bool]) -> Any:
+    def method(self: Timestamp, other: Time | str) -> bool:
+        pair = self._counter_and_time(other)
+        return NotImplemented if pair is None else compare(pair[0], pair[1].value)
+
+    return method
+
+
 @dataclass(frozen=True)
 class Time:
     """An amount of training time: a non-negative `value` in a `unit` (whole numbers except for `dur`).
@@ -110,40 +146,13 @@ class Time:
         object.__setattr__(self, "unit", unit)
         object.__setattr__(self, "value", _checked_value(self.value, unit))
 
-    @classmethod
-    def from_iteration(cls, iteration: int) -> Time:
-        """Return `iteration` iterations."""
-        return cls(iteration, TimeUnit.ITERATION)
-
-    @classmethod
-    def from_epoch(cls, epoch: int) -> Time:
-        """Return `epoch` epochs."""
-        return cls(epoch, TimeUnit.EPOCH)
-
-    @classmethod
-    def from_batch(cls, batch: int) -> Time:
-        """Return `batch` batches (optimizer steps)."""
-        return cls(batch, TimeUnit.BATCH)
-
-    @classmethod
-    def from_sample(cls, sample: int) -> Time:
-        """Return `sample` samples."""
-        return cls(sample, TimeUnit.SAMPLE)
-
-    @classmethod
-    def from_token(cls, token: int) -> Time:
-        """Return `token` tokens."""
-        return cls(token, TimeUnit.TOKEN)
-
-    @classmethod
-    def from_duration(cls, duration: float) -> Time:
-        """Return the fraction `duration` of the whole run (1.0 is all of `max_duration`)."""
-        return cls(duration, TimeUnit.DURATION)
-
-    @classmethod
-    def from_second(cls, second: int) -> Time:
-        """Return `second` seconds of wall-clock time."""
-        return cls(second, TimeUnit.SECOND)
+    from_iteration = _from_unit(TimeUnit.ITERATION, "Return `value` iterations.")
+    from_epoch = _from_unit(TimeUnit.EPOCH, "Return `value` epochs.")
+    from_batch = _from_unit(TimeUnit.BATCH, "Return `value` batches (optimizer steps).")
+    from_sample = _from_unit(TimeUnit.SAMPLE, "Return `value` samples.")
+    from_token = _from_unit(TimeUnit.TOKEN, "Return `value` tokens.")
+    from_duration = _from_unit(TimeUnit.DURATION, "Return the fraction `value` of the whole run (1.0: all of it).")
+    from_second = _from_unit(TimeUnit.SECOND, "Return `value` seconds of wall-clock time.")
 
     @classmethod
     def from_timestring(cls, timestring: str) -> Time:
@@ -180,7 +189,7 @@ class Time:
             return time
         if isinstance(time, str):
             return cls.from_timestring(time)
-        if isinstance(time, int) and not isinstance(time, bool):
+        if is_integer(time):
             return cls(time, _as_unit(default_int_unit, "default_int_unit"))
         raise TypeError(
             f"time={time!r} ({type(time).__name__}) is not a time; expected a Time, a time string or an int"
@@ -212,7 +221,7 @@ class Time:
             result = other
         elif isinstance(other, str):
             result = Time.from_timestring(other)
-        elif isinstance(other, (int, float)) and not isinstance(other, bool):
+        elif is_real(other):
             return Time(other, self.unit)
         else:
             return None
@@ -226,54 +235,23 @@ class Time:
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Time):
             return self.unit is other.unit and self.value == other.value
-        if isinstance(other, (int, float)) and not isinstance(other, bool):
+        if is_real(other):
             return self.value == other
         return NotImplemented
 
-    def __lt__(self, other: Time | str | int | float) -> bool:
-        operand = self._operand(other, "compare")
-        return NotImplemented if operand is None else self.value < operand.value
+    __lt__ = _time_comparison(operator.lt)
+    __le__ = _time_comparison(operator.le)
+    __gt__ = _time_comparison(operator.gt)
+    __ge__ = _time_comparison(operator.ge)
 
-    def __le__(self, other: Time | str | int | float) -> bool:
-        operand = self._operand(other, "compare")
-        return NotImplemented if operand is None else self.value <= operand.value
-
-    def __gt__(self, other: Time | str | int | float) -> bool:
-        operand = self._operand(other, "compare")
-        return NotImplemented if operand is None else self.value > operand.value
-
-    def __ge__(self, other: Time | str | int | float) -> bool:
-        operand = self._operand(other, "compare")
-        return NotImplemented if operand is None else self.value >= operand.value
-
-    def __add__(self, other: Time | str | int | float) -> Time:
-        operand = self._operand(other, "add")
-        if operand is None:
-            return NotImplemented
-        return Time(self.value + operand.value, self.unit)
-
+    __add__ = _time_arithmetic("add", operator.add)
     __radd__ = __add__
-
-    def __sub__(self, other: Time | str | int | float) -> Time:
-        operand = self._operand(other, "subtract")
-        if operand is None:
-            return NotImplemented
-        return Time(self.value - operand.value, self.unit)
-
-    def __rsub__(self, other: str | int | float) -> Time:
-        operand = self._operand(other, "subtract")
-        if operand is None:
-            return NotImplemented
-        return Time(operand.value - self.value, self.unit)
-
-    def __mod__(self, other: Time | str | int | float) -> Time:
-        operand = self._operand(other, "take the remainder of")
-        if operand is None:
-            return NotImplemented
-        return Time(self.value % operand.value, self.unit)
+    __sub__ = _time_arithmetic("subtract", operator.sub)
+    __rsub__ = _time_arithmetic("subtract", lambda a, b: b - a)
+    __mod__ = _time_arithmetic("take the remainder of", operator.mod)
 
     def __truediv__(self, other: Time | str | int | float) -> Time:
-        if isinstance(other, (int, float)) and not isinstance(other, bool):
+        if is_real(other):
             return Time(_snapped(self.value / other, self.unit), self.unit)
         operand = self._operand(other, "divide")
         if operand is None:
@@ -281,7 +259,7 @@ class Time:
         return Time(self.value / operand.value, TimeUnit.DURATION)
 
     def __mul__(self, other: Time | str | int | float) -> Time:
-        if isinstance(other, (int, float)) and not isinstance(other, bool):
+        if is_real(other):
             return Time(_snapped(self.value * other, self.unit), self.unit)
         if isinstance(other, str):
             other = Time.from_timestring(other)
@@ -383,19 +361,11 @@ class Timestamp:
 
     def get(self, unit: TimeUnit | str) -> int:
         """Return the counter for `unit` (iter, ep, ba, sp or tok) since the start of training."""
-        unit = _as_unit(unit, "unit")
-        if unit is TimeUnit.ITERATION:
-            return self.iteration
-        if unit is TimeUnit.EPOCH:
-            return self.epoch
-        if unit is TimeUnit.BATCH:
-            return self.batch
-        if unit is TimeUnit.SAMPLE:
-            return self.sample
-        if unit is TimeUnit.TOKEN:
-            return self.token
+        counter = _COUNTERS.get(_as_unit(unit, "unit"))
+        if counter is not None:
+            return int(getattr(self, counter))
         raise ValueError(
-            f"unit={unit.value!r} has no counter; expected one of iter, ep, ba, sp, tok "
+            f"unit={_as_unit(unit, 'unit').value!r} has no counter; expected one of iter, ep, ba, sp, tok "
             "('dur' needs a max_duration, see elapsed(); wall-clock seconds are in total_wct)"
         )
 
@@ -419,11 +389,7 @@ class Timestamp:
         for name in _TIMESTAMP_FIELDS:
             value = data[name]
             counter = name not in _WALL_CLOCK_FIELDS
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int if counter else (int, float))
-                or not value >= 0
-            ):
+            if not (is_integer(value) if counter else is_real(value)) or not value >= 0:
                 expected = "an int >= 0" if counter else "a number of seconds >= 0"
                 raise ValueError(f"data[{name!r}]={value!r} is not a valid {name}; expected {expected}")
             values[name] = value if counter else float(value)
@@ -443,26 +409,22 @@ class Timestamp:
             return self.elapsed, other
         return self.get(other.unit), other
 
-    def __ge__(self, other: Time | str) -> bool:
-        pair = self._counter_and_time(other)
-        return NotImplemented if pair is None else pair[0] >= pair[1].value
-
-    def __gt__(self, other: Time | str) -> bool:
-        pair = self._counter_and_time(other)
-        return NotImplemented if pair is None else pair[0] > pair[1].value
-
-    def __le__(self, other: Time | str) -> bool:
-        pair = self._counter_and_time(other)
-        return NotImplemented if pair is None else pair[0] <= pair[1].value
-
-    def __lt__(self, other: Time | str) -> bool:
-        pair = self._counter_and_time(other)
-        return NotImplemented if pair is None else pair[0] < pair[1].value
+    __ge__ = _timestamp_comparison(operator.ge)
+    __gt__ = _timestamp_comparison(operator.gt)
+    __le__ = _timestamp_comparison(operator.le)
+    __lt__ = _timestamp_comparison(operator.lt)
 
 
 _TIMESTAMP_FIELDS: tuple[str, ...] = tuple(field.name for field in fields(Timestamp) if field.name != "max_duration")
 _WALL_CLOCK_FIELDS = frozenset({"total_wct", "epoch_wct", "batch_wct"})
 _COUNTED_UNITS = (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN)
+_COUNTERS = {
+    TimeUnit.ITERATION: "iteration",
+    TimeUnit.EPOCH: "epoch",
+    TimeUnit.BATCH: "batch",
+    TimeUnit.SAMPLE: "sample",
+    TimeUnit.TOKEN: "token",
+}
 
 
 def elapsed(timestamp: Timestamp, max_duration: Time | str) -> float:
@@ -487,7 +449,7 @@ def to_steps(time: Time | str, *, steps_per_epoch: int, max_steps: int) -> int:
     step (ties to even).
     """
     for name, count in (("steps_per_epoch", steps_per_epoch), ("max_steps", max_steps)):
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        if not is_integer(count) or count < 0:
             raise ValueError(f"{name}={count!r} is not a step count; expected an int >= 0")
     time = Time.from_input(time, TimeUnit.BATCH)
     if time.unit is TimeUnit.BATCH:

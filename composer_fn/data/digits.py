@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from composer_fn.core.validate import integer
+
 __all__ = ["DigitsTask", "load_digits_task", "HELDOUT_EVERY"]
 
 HELDOUT_EVERY = 5
@@ -65,8 +67,7 @@ def load_digits_task(*, upsample: int = 1, standardize: bool = True) -> DigitsTa
     training images have mean 0 and standard deviation 1 at every size. With ``standardize=False`` the
     pixels stay in ``[0, 1]`` instead.
     """
-    if isinstance(upsample, bool) or not isinstance(upsample, int) or upsample < 1:
-        raise ValueError(f"upsample={upsample!r} must be an int >= 1 (the factor applied to the 8x8 images)")
+    integer("upsample", upsample, minimum=1, hint="the factor applied to the 8x8 images")
     raw_images, raw_labels = _bundled_digits()
     images = torch.tensor(raw_images, dtype=torch.float64).unsqueeze(1) / _MAX_PIXEL
     labels = torch.tensor(raw_labels, dtype=torch.int64)

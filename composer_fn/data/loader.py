@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from composer_fn.core.random import fold_in, key, permutation
+from composer_fn.core.validate import integer
 
 __all__ = ["TensorLoader"]
 
@@ -43,10 +44,8 @@ class TensorLoader:
                 f"tensors have lengths {lengths} along dim 0: expected tensors of at least one dimension "
                 "sharing one length >= 1"
             )
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size={batch_size!r} must be an int >= 1")
         self.tensors = tensors
-        self.batch_size = batch_size
+        self.batch_size = integer("batch_size", batch_size, minimum=1)
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         self.seed = seed
@@ -66,7 +65,7 @@ class TensorLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch whose order the next ``__iter__`` follows."""
-        self._epoch = _check_epoch(epoch)
+        self._epoch = integer("epoch", epoch, minimum=0)
 
     def __len__(self) -> int:
         """Returns the number of batches in one epoch."""
@@ -76,7 +75,7 @@ class TensorLoader:
 
     def order(self, epoch: int) -> Tensor:
         """Returns the ``int64`` sample indices of ``epoch`` in the order they are visited."""
-        epoch = _check_epoch(epoch)
+        epoch = integer("epoch", epoch, minimum=0)
         if self.shuffle:
             return permutation(fold_in(self._root, epoch), self._size)
         return torch.arange(self._size, dtype=torch.int64)
@@ -91,14 +90,9 @@ class TensorLoader:
         The skipped batches are never gathered, so resuming in the middle of an epoch costs one permutation.
         ``batch_in_epoch`` may equal ``len(self)``, which yields nothing (a run saved at the end of an epoch).
         """
-        epoch = _check_epoch(epoch)
+        epoch = integer("epoch", epoch, minimum=0)
         num_batches = len(self)
-        if (
-            isinstance(batch_in_epoch, bool)
-            or not isinstance(batch_in_epoch, int)
-            or not 0 <= batch_in_epoch <= num_batches
-        ):
-            raise ValueError(f"batch_in_epoch={batch_in_epoch!r} must be an int in [0, {num_batches}]")
+        integer("batch_in_epoch", batch_in_epoch, minimum=0, maximum=num_batches)
         return self._batches(self.order(epoch), batch_in_epoch, num_batches)
 
     def _batches(self, order: Tensor, start: int, stop: int) -> Iterator[tuple[Tensor, ...]]:
@@ -114,12 +108,6 @@ class TensorLoader:
             f"TensorLoader(dataset_size={self._size}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
             f"drop_last={self.drop_last}, seed={self.seed}, epoch={self._epoch})"
         )
-
-
-def _check_epoch(epoch: int) -> int:
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise ValueError(f"epoch={epoch!r} must be an int >= 0")
-    return epoch
 
 
 def _describe(value: object) -> str:

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from composer_fn.core.random import Key, fold_in, normal, randint
+from composer_fn.core.validate import integer, is_integer, real
 
 __all__ = ["synthetic_images"]
 
@@ -30,15 +31,13 @@ def synthetic_images(
     so for training and held-out parts of one task draw a single set and split it: a different key is a
     different task.
     """
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples={num_samples!r} must be an int >= 1")
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 1 <= num_classes <= 2**24:
+    integer("num_samples", num_samples, minimum=1)
+    if not is_integer(num_classes) or not 1 <= num_classes <= 2**24:
         raise ValueError(f"num_classes={num_classes!r} must be an int in [1, 2**24]")
     dims = tuple(shape)
-    if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in dims):
+    if not dims or not all(is_integer(d) and d >= 1 for d in dims):
         raise ValueError(f"shape={shape!r} must be a non-empty sequence of positive ints, e.g. (3, 32, 32)")
-    if isinstance(noise, bool) or not isinstance(noise, int | float) or not noise >= 0.0:
-        raise ValueError(f"noise={noise!r} must be a non-negative float")
+    real("noise", noise, minimum=0.0)
 
     class_means = normal(fold_in(key, _CLASS_MEANS), (num_classes, *dims))
     labels = randint(fold_in(key, _LABELS), 0, num_classes, num_samples)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from composer_fn.core.validate import integer, real
 from composer_fn.data.loader import TensorLoader
 
 __all__ = ["TextTask", "load_stdlib_text_task", "stdlib_text", "STDLIB_FILES", "MAX_CHARS"]
@@ -128,16 +129,10 @@ def load_stdlib_text_task(
         ("batch_size", batch_size, 1),
         ("max_chars", max_chars, 2),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name}={value!r} must be an int >= {low}")
+        integer(name, value, minimum=low)
     if max_chars > MAX_CHARS:
         raise ValueError(f"max_chars={max_chars!r} must be at most {MAX_CHARS} (the task stays small)")
-    if (
-        isinstance(eval_fraction, bool)
-        or not isinstance(eval_fraction, int | float)
-        or not 0 < eval_fraction < 1
-    ):
-        raise ValueError(f"eval_fraction={eval_fraction!r} must be a number in (0, 1)")
+    real("eval_fraction", eval_fraction, minimum=0.0, maximum=1.0, open_below=True, open_above=True)
     text = stdlib_text()[:max_chars]
     # Code points through numpy: a vectorised sort and search instead of a Python loop over every character.
     points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)

@@ -1,7 +1,7 @@
 """A small BERT-style masked language model, BERT's keyed token masking, and the masked-token loss.
 
 ``MaskedLM`` maps token ids ``int64 [B, S]`` to logits ``[B, S, vocab_size]``; every position sees every
-other (bidirectional attention). Its structure is the protocol of ``composer_fn.models.transformer``, the one
+other (bidirectional attention). Its structure is the protocol of ``composer_fn.nn.blocks``, the one
 ``CausalLM`` follows, so the same surgeries (ALiBi, gated linear units, low-precision LayerNorm) apply to
 both. Two choices differ from the original BERT and are deliberate:
 
@@ -29,7 +29,9 @@ from torch import Tensor
 
 from composer_fn.core import random as R
 from composer_fn.core.state import LossFn, batch_get
+from composer_fn.core.validate import integer, is_integer, is_real, probability
 from composer_fn.models.transformer import TransformerLM
+from composer_fn.nn.init import require_key
 
 __all__ = ["MaskedLM", "mask_tokens", "masked_lm_loss", "IGNORE_INDEX"]
 
@@ -44,36 +46,13 @@ _RANDOM_SHARE = 0.1
 class MaskedLM(TransformerLM):
     """A BERT-style masked language model with bidirectional attention; see the module docstring.
 
-    Args:
-        vocab_size: the number of token ids, the mask token's included (ids lie in ``[0, vocab_size)``).
-        d_model: the width of the residual stream; a multiple of ``n_heads``.
-        n_heads: attention heads per block.
-        n_layers: the number of blocks.
-        max_seq_len: the longest sequence the position embedding covers.
-        d_ff: the feed-forward width; ``4 * d_model`` when None.
-
-    The parameters start as ``init_parameters(model, key(0))``, without touching the global random state;
-    draw other values with ``init_parameters(model, key(seed))``.
+    Its arguments (``vocab_size``, ``d_model``, ``n_heads``, ``n_layers``, ``max_seq_len``, ``d_ff``) are
+    ``TransformerLM``'s; ``vocab_size`` counts the mask token. The parameters start as ``init_parameters(model,
+    key(0))``, without touching the global random state; draw other values with ``init_parameters(model,
+    key(seed))``.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        d_model: int = 64,
-        n_heads: int = 4,
-        n_layers: int = 2,
-        max_seq_len: int = 256,
-        d_ff: int | None = None,
-    ) -> None:
-        super().__init__(
-            vocab_size,
-            d_model=d_model,
-            n_heads=n_heads,
-            n_layers=n_layers,
-            d_ff=d_ff,
-            max_seq_len=max_seq_len,
-            causal=False,
-        )
+    causal = False
 
 
 def mask_tokens(
@@ -101,16 +80,13 @@ def mask_tokens(
         raise TypeError(
             f"tokens of dtype {getattr(tokens, 'dtype', type(tokens).__name__)}: expected an integer tensor"
         )
-    if not isinstance(key, Tensor) or key.dtype != torch.int64 or key.shape != (2,):
-        raise ValueError(f"key={key!r} must be one key: an int64 tensor of shape [2], e.g. key(0)")
-    if isinstance(mask_token_id, bool) or not isinstance(mask_token_id, int) or mask_token_id < 0:
-        raise ValueError(f"mask_token_id={mask_token_id!r} must be an int >= 0")
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 1 <= vocab_size <= 2**24:
+    key = require_key(key)
+    integer("mask_token_id", mask_token_id, minimum=0)
+    if not is_integer(vocab_size) or not 1 <= vocab_size <= 2**24:
         raise ValueError(f"vocab_size={vocab_size!r} must be an int in [1, 2**24]")
-    if isinstance(mlm_probability, bool) or not isinstance(mlm_probability, int | float):
+    if not is_real(mlm_probability):
         raise TypeError(f"mlm_probability={mlm_probability!r} must be a float in [0, 1]")
-    if not 0.0 <= mlm_probability <= 1.0:
-        raise ValueError(f"mlm_probability={mlm_probability!r} must be a probability in [0, 1]")
+    probability("mlm_probability", mlm_probability)
     tokens = tokens.long()
     shape = tuple(tokens.shape)
     key = key.to(tokens.device)

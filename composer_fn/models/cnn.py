@@ -8,8 +8,9 @@ import torch
 from torch import Tensor, nn
 
 from composer_fn.core.random import key
-from composer_fn.models._build import materialise
-from composer_fn.models.keyed import KeyedDropout
+from composer_fn.core.validate import choice, integer, real
+from composer_fn.nn.init import materialise
+from composer_fn.nn.keyed import KeyedDropout
 
 __all__ = ["SmallCNN"]
 
@@ -41,12 +42,9 @@ class SmallCNN(nn.Module):
     ) -> None:
         super().__init__()
         for name, value in (("in_channels", in_channels), ("num_classes", num_classes), ("width", width)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be an int >= 1")
-        if norm not in ("batch", "group"):
-            raise ValueError(f"norm={norm!r} must be 'batch' (BatchNorm2d) or 'group' (GroupNorm, up to 8 groups)")
-        if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout={dropout!r} must be a probability in [0, 1)")
+            integer(name, value, minimum=1)
+        choice("norm", norm, ("batch", "group"))
+        real("dropout", dropout, minimum=0.0, maximum=1.0, open_above=True, hint="a probability")
         with torch.device("meta"):
             self.features = nn.Sequential(
                 _conv_block(in_channels, width, stride=1, norm=norm),

@@ -4,7 +4,7 @@
 depend on tokens ``0..t`` only. It is a GPT-style decoder: token embedding plus a learned position embedding,
 ``n_layers`` pre-LayerNorm blocks (causal self-attention, then a GELU feed-forward, each added back to the
 residual stream), a final LayerNorm and a linear output head. Its structure follows the protocol documented
-in ``composer_fn.models.transformer`` (shared with ``MaskedLM``), which is what model surgery relies on:
+in ``composer_fn.nn.blocks`` (shared with ``MaskedLM``), which is what model surgery relies on:
 ``model.position_embedding``, ``model.blocks``, ``block.attention`` (``.qkv``, ``.out``, ``.num_heads``,
 ``.position_bias``) and ``block.feed_forward``.
 
@@ -32,37 +32,12 @@ __all__ = ["CausalLM", "TransformerBlock", "CausalSelfAttention", "FeedForward",
 class CausalLM(TransformerLM):
     """A GPT-style causal language model; see the module docstring for its structure.
 
-    Args:
-        vocab_size: the number of token ids (ids lie in ``[0, vocab_size)``).
-        d_model: the width of the residual stream; a multiple of ``n_heads``.
-        n_heads: attention heads per block.
-        n_layers: the number of blocks.
-        d_ff: the feed-forward width; ``4 * d_model`` when None.
-        max_seq_len: the longest sequence the position embedding covers.
-
-    The parameters start as ``init_parameters(model, key(0))``, without touching the global random state;
-    draw other values with ``init_parameters(model, key(seed))``.
+    Its arguments (``vocab_size``, ``d_model``, ``n_heads``, ``n_layers``, ``max_seq_len``, ``d_ff``) are
+    ``TransformerLM``'s. The parameters start as ``init_parameters(model, key(0))``, without touching the global
+    random state; draw other values with ``init_parameters(model, key(seed))``.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        *,
-        d_model: int = 64,
-        n_heads: int = 4,
-        n_layers: int = 2,
-        d_ff: int | None = None,
-        max_seq_len: int = 256,
-    ) -> None:
-        super().__init__(
-            vocab_size,
-            d_model=d_model,
-            n_heads=n_heads,
-            n_layers=n_layers,
-            d_ff=d_ff,
-            max_seq_len=max_seq_len,
-            causal=True,
-        )
+    causal = True
 
 
 def causal_lm_loss(target_key: int | str = 1) -> LossFn:

@@ -8,8 +8,9 @@ import torch
 from torch import nn
 
 from composer_fn.core.random import key
-from composer_fn.models._build import materialise
-from composer_fn.models.keyed import KeyedDropout
+from composer_fn.core.validate import integer, is_integer, real
+from composer_fn.nn.init import materialise
+from composer_fn.nn.keyed import KeyedDropout
 
 __all__ = ["MLP"]
 
@@ -26,14 +27,12 @@ class MLP(nn.Sequential):
     def __init__(
         self, in_features: int, num_classes: int, hidden: Sequence[int] = (64,), dropout: float = 0.0
     ) -> None:
-        _check_positive("in_features", in_features)
-        _check_positive("num_classes", num_classes)
+        integer("in_features", in_features, minimum=1)
+        integer("num_classes", num_classes, minimum=1)
         widths = tuple(hidden)
-        for width in widths:
-            if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-                raise ValueError(f"hidden={hidden!r} must be a sequence of ints >= 1, e.g. (64,)")
-        if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout={dropout!r} must be a probability in [0, 1)")
+        if not all(is_integer(width) and width >= 1 for width in widths):
+            raise ValueError(f"hidden={hidden!r} must be a sequence of ints >= 1, e.g. (64,)")
+        real("dropout", dropout, minimum=0.0, maximum=1.0, open_above=True, hint="a probability")
         layers: list[nn.Module] = [nn.Flatten()]
         with torch.device("meta"):
             for fan_in, fan_out in zip((in_features, *widths), widths, strict=False):
@@ -44,7 +43,3 @@ class MLP(nn.Sequential):
         super().__init__(*layers)
         materialise(self, key(0))
 
-
-def _check_positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} must be an int >= 1")

@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from composer_fn.core import random as R
 from composer_fn.core.random import Key
-from composer_fn.models._build import materialise
+from composer_fn.core.validate import integer, is_integer
+from composer_fn.nn.init import materialise
+from composer_fn.nn.residual import BasicBlock, key_or_default
 
 __all__ = [
     "BasicBlock",
@@ -28,69 +29,6 @@ __all__ = [
 
 TORCHVISION_RESNETS: tuple[str, ...] = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 """The torchvision architectures ``torchvision_resnet`` builds."""
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} must be an int >= 1")
-
-
-def _key_or_default(key: Key | None) -> Key:
-    if key is None:
-        return R.key(0)
-    if not isinstance(key, Tensor) or key.dtype != torch.int64 or key.shape != (2,):
-        raise ValueError(f"key={key!r} must be one key: an int64 tensor of shape [2], e.g. key(0)")
-    return key
-
-
-def _building_on_meta() -> bool:
-    # Inside ``with torch.device("meta")`` an owner builds the whole tree and materialises it once.
-    return torch.get_default_device().type == "meta"
-
-
-class BasicBlock(nn.Module):
-    """The CIFAR ResNet's residual block: ``relu(residual(x) + shortcut(x))``.
-
-    Structure, which model surgery relies on (the names are torchvision's ``BasicBlock``'s):
-
-    - ``conv1`` (3×3, ``stride``), ``bn1``, ``conv2`` (3×3), ``bn2``: the residual branch
-      ``residual(x) = bn2(conv2(relu(bn1(conv1(x)))))``, which ends in ``bn2``;
-    - ``shortcut``: ``nn.Identity()`` when the shape is kept, otherwise a 1×1 convolution with ``stride`` and a
-      BatchNorm (He et al.'s option B: a projection, where option A pads with zeros).
-
-    Built alone, the block's parameters are ``init_parameters(block, key)`` (``key(0)`` when not given); built
-    inside ``with torch.device("meta")`` it stays there for its owner to materialise.
-    """
-
-    def __init__(
-        self, in_channels: int, out_channels: int, stride: int = 1, *, key: Key | None = None
-    ) -> None:
-        super().__init__()
-        for name, value in (("in_channels", in_channels), ("out_channels", out_channels), ("stride", stride)):
-            _check_positive_int(name, value)
-        owned = not _building_on_meta()
-        parameter_key = _key_or_default(key)
-        with torch.device("meta"):
-            self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
-            self.bn1 = nn.BatchNorm2d(out_channels)
-            self.conv2 = nn.Conv2d(out_channels, out_channels, 3, stride=1, padding=1, bias=False)
-            self.bn2 = nn.BatchNorm2d(out_channels)
-            self.shortcut: nn.Module = nn.Identity()
-            if stride != 1 or in_channels != out_channels:
-                self.shortcut = nn.Sequential(
-                    nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-                    nn.BatchNorm2d(out_channels),
-                )
-        if owned:
-            materialise(self, parameter_key)
-
-    def residual(self, x: Tensor) -> Tensor:
-        """Returns the residual branch's output ``bn2(conv2(relu(bn1(conv1(x)))))``."""
-        return self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
-
-    def forward(self, x: Tensor) -> Tensor:
-        """Returns ``relu(residual(x) + shortcut(x))``."""
-        return F.relu(self.residual(x) + self.shortcut(x))
 
 
 class CIFARResNet(nn.Module):
@@ -116,13 +54,13 @@ class CIFARResNet(nn.Module):
         key: Key | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 8 or (depth - 2) % 6 != 0:
+        if not is_integer(depth) or depth < 8 or (depth - 2) % 6 != 0:
             raise ValueError(
                 f"depth={depth!r} must be 6n + 2 for an int n >= 1 (8, 14, 20, 32, 44, 56, 110, ...)"
             )
         for name, value in (("num_classes", num_classes), ("in_channels", in_channels), ("width", width)):
-            _check_positive_int(name, value)
-        parameter_key = _key_or_default(key)
+            integer(name, value, minimum=1)
+        parameter_key = key_or_default(key)
         blocks = (depth - 2) // 6
         self.depth = depth
         with torch.device("meta"):
@@ -180,8 +118,8 @@ def torchvision_resnet(
             f"name={name!r} is not a torchvision ResNet we build; accepted: {', '.join(builders)}"
         )
     for argument, value in (("num_classes", num_classes), ("in_channels", in_channels)):
-        _check_positive_int(argument, value)
-    parameter_key = _key_or_default(key)
+        integer(argument, value, minimum=1)
+    parameter_key = key_or_default(key)
     with torch.device("meta"):
         model = builders[name](weights=None, num_classes=num_classes)
         if in_channels != 3:

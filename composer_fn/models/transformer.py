@@ -1,51 +1,30 @@
-"""The transformer parts the language models share, and the structural protocol model surgery relies on.
+"""The transformer language models' parts: ``TransformerLM``, its blocks, their attention and feed-forward.
 
 ``CausalLM`` (``composer_fn.models.lm``) and ``MaskedLM`` (``composer_fn.models.bert``) are both a
 ``TransformerLM``: token embedding plus a learned position embedding, ``n_layers`` pre-LayerNorm blocks
 (self-attention, then a GELU feed-forward, each added back to the residual stream), a final LayerNorm and an
-untied linear output head. They differ only in the attention: causal (position ``t`` sees ``0..t``) or
-bidirectional (every position sees every other).
+untied linear output head. They differ only in the attention, which each sets with ``causal``: causal
+(position ``t`` sees ``0..t``) or bidirectional (every position sees every other).
 
-Structural protocol (what model surgery may rely on, and must keep when it replaces a part):
-
-- ``model.token_embedding``: ``nn.Embedding(vocab_size, d_model)``.
-- ``model.position_embedding``: ``nn.Embedding(max_seq_len, d_model)`` whose row ``t`` is added at position
-  ``t``; it may be set to ``None``, and then no position is added (an attention bias such as ALiBi then
-  carries the order instead).
-- ``model.max_seq_len``: the longest sequence the model accepts (an int; a surgery that removes the position
-  embedding may raise it).
-- ``model.blocks``: an ``nn.ModuleList`` of ``TransformerBlock``; each block computes
-  ``x = x + block.attention(block.norm_attention(x))`` then
-  ``x = x + block.feed_forward(block.norm_feed_forward(x))``.
-- ``block.attention`` (``SelfAttention``; ``CausalSelfAttention`` in the causal model): ``.num_heads`` (int),
-  ``.causal`` (bool), ``.qkv`` (``nn.Linear(d_model, 3 * d_model)``, producing queries, keys and values in
-  that order, each split into ``num_heads`` heads of ``d_model // num_heads`` features), ``.out``
-  (``nn.Linear(d_model, d_model)``) and ``.position_bias``: a submodule slot holding ``None`` or a module
-  called as ``position_bias(query, key)`` with query and key of shape ``[B, num_heads, S, head_dim]``,
-  returning an additive bias broadcastable to ``[B, num_heads, S, S]`` that is added to the scaled attention
-  scores (before the causal mask, if any, and the softmax).
-- ``block.feed_forward`` (``FeedForward``): ``.up`` (``nn.Linear(d_model, d_ff)``), ``.activation``
-  (``nn.GELU()``) and ``.down`` (``nn.Linear(d_ff, d_model)``), computing ``down(activation(up(x)))``. A
-  replacement (e.g. a gated linear unit) is any module mapping ``[..., d_model]`` to ``[..., d_model]``.
-- ``model.final_norm`` (``nn.LayerNorm``) and ``model.head`` (``nn.Linear(d_model, vocab_size)``).
-
-``protocol_attribute`` and ``protocol_blocks`` read these slots for a surgery and raise a ``TypeError`` naming
-the missing attribute when a model does not follow the protocol.
+Their structure is the transformer block protocol of ``composer_fn.nn.blocks``, which model surgery relies
+on: ``model.blocks`` holds ``TransformerBlock``s, whose ``attention`` is a ``SelfAttention``
+(``CausalSelfAttention`` in the causal model) and whose ``feed_forward`` is a ``FeedForward``.
 
 There is no dropout: a module called through ``functional_call`` receives no random key unless it registers
-one (``composer_fn.models.keyed``), and these models draw nothing at random in their forward.
+one (``composer_fn.nn.keyed``), and these models draw nothing at random in their forward.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composer_fn.core.random import key
-from composer_fn.models._build import materialise
+from composer_fn.core.validate import integer
+from composer_fn.nn.init import materialise
 
 __all__ = [
     "SelfAttention",
@@ -53,8 +32,6 @@ __all__ = [
     "FeedForward",
     "TransformerBlock",
     "TransformerLM",
-    "protocol_attribute",
-    "protocol_blocks",
 ]
 
 
@@ -133,24 +110,31 @@ class TransformerBlock(nn.Module):
 
 
 class TransformerLM(nn.Module):
-    """A transformer language model following the module's protocol; ``causal`` picks the attention.
+    """A transformer language model following ``composer_fn.nn.blocks``; a subclass picks the attention (``causal``).
+
+    Args:
+        vocab_size: the number of token ids (ids lie in ``[0, vocab_size)``).
+        d_model: the width of the residual stream; a multiple of ``n_heads``.
+        n_heads: attention heads per block.
+        n_layers: the number of blocks.
+        max_seq_len: the longest sequence the position embedding covers.
+        d_ff: the feed-forward width; ``4 * d_model`` when None.
 
     The parameters start as ``init_parameters(model, key(0))``, without touching the global random state;
     draw other values with ``init_parameters(model, key(seed))``.
     """
 
+    causal: ClassVar[bool]
     position_embedding: nn.Embedding | None
 
     def __init__(
         self,
         vocab_size: int,
-        *,
-        d_model: int,
-        n_heads: int,
-        n_layers: int,
-        d_ff: int | None,
-        max_seq_len: int,
-        causal: bool,
+        d_model: int = 64,
+        n_heads: int = 4,
+        n_layers: int = 2,
+        max_seq_len: int = 256,
+        d_ff: int | None = None,
     ) -> None:
         super().__init__()
         for name, value in (
@@ -160,9 +144,9 @@ class TransformerLM(nn.Module):
             ("n_layers", n_layers),
             ("max_seq_len", max_seq_len),
         ):
-            _check_positive(name, value)
+            integer(name, value, minimum=1)
         if d_ff is not None:
-            _check_positive("d_ff", d_ff)
+            integer("d_ff", d_ff, minimum=1)
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} must be a multiple of n_heads={n_heads}")
         self.vocab_size = vocab_size
@@ -172,7 +156,7 @@ class TransformerLM(nn.Module):
             self.token_embedding = nn.Embedding(vocab_size, d_model)
             self.position_embedding = nn.Embedding(max_seq_len, d_model)
             self.blocks = nn.ModuleList(
-                TransformerBlock(d_model, n_heads, width, causal=causal) for _ in range(n_layers)
+                TransformerBlock(d_model, n_heads, width, causal=self.causal) for _ in range(n_layers)
             )
             self.final_norm = nn.LayerNorm(d_model)
             self.head = nn.Linear(d_model, vocab_size)
@@ -195,34 +179,3 @@ class TransformerLM(nn.Module):
             x = block(x)
         logits: Tensor = self.head(self.final_norm(x))
         return logits
-
-
-def protocol_attribute(owner: Any, attribute: str, where: str) -> Any:
-    """Returns ``owner.attribute``, or raises TypeError naming ``where.attribute`` when ``owner`` lacks it.
-
-    ``where`` is the owner's qualified name in the model (``"model"``, ``"model.blocks.0.attention"``).
-    """
-    if not hasattr(owner, attribute):
-        raise TypeError(
-            f"{where} ({type(owner).__name__}) has no attribute {attribute!r}: this surgery needs the transformer "
-            "structure documented in composer_fn.models.transformer (CausalLM and MaskedLM follow it)"
-        )
-    return getattr(owner, attribute)
-
-
-def protocol_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Returns ``(qualified name, block)`` for each of ``model.blocks``; TypeError if the model has none."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model={type(model).__name__}: expected a torch.nn.Module")
-    blocks = protocol_attribute(model, "blocks", "model")
-    if not isinstance(blocks, nn.ModuleList):
-        raise TypeError(
-            f"model.blocks is a {type(blocks).__name__}: the transformer structure documented in "
-            "composer_fn.models.transformer needs an nn.ModuleList of blocks"
-        )
-    return [(f"blocks.{index}", block) for index, block in enumerate(blocks)]
-
-
-def _check_positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} must be an int >= 1")

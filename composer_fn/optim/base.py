@@ -33,6 +33,7 @@ __all__ = [
     "MaskedState",
     "empty_state",
     "identity",
+    "stateless",
     "chain",
     "named_chain",
     "masked",
@@ -40,6 +41,7 @@ __all__ = [
     "apply_updates_",
     "restrict_state",
     "merge_state",
+    "aligned",
 ]
 
 Params = Mapping[str, Tensor]
@@ -122,6 +124,33 @@ def identity() -> GradientTransformation:
         updates: Updates, state: OptState, params: Params | None = None
     ) -> tuple[dict[str, Tensor], EmptyState]:
         return dict(updates), EmptyState()
+
+    return GradientTransformation(empty_state, update)
+
+
+def stateless(
+    apply: Callable[[list[Tensor], list[Tensor]], Sequence[Tensor]], *, reads_params: str | None = None
+) -> GradientTransformation:
+    """Returns a transform that keeps no state and maps the updates by ``apply(updates, params)``.
+
+    ``apply`` gets the update tensors as a list and, with ``reads_params`` (the transform's name, for the error
+    when ``update`` gets no ``params``), the parameters in the same order (else an empty list). It runs without
+    autograd history and returns the new updates in that order. Empty updates pass through without a call.
+    """
+
+    def update(
+        updates: Updates, state: OptState, params: Params | None = None
+    ) -> tuple[dict[str, Tensor], EmptyState]:
+        if not updates:
+            return {}, EmptyState()
+        weights: list[Tensor] = []
+        if reads_params is not None:
+            params = require_params(params, reads_params)
+            check_same_keys("updates", updates, params)
+            weights = [params[name] for name in updates]
+        with torch.no_grad():
+            new_updates = apply(list(updates.values()), weights)
+        return dict(zip(updates.keys(), new_updates, strict=True)), EmptyState()
 
     return GradientTransformation(empty_state, update)
 
@@ -278,8 +307,14 @@ def merge_state(full: OptState, part: OptState, names: Sequence[str]) -> OptStat
     return merge(full, part)
 
 
-def _aligned(params: Params, updates: Updates) -> tuple[list[str], list[Tensor], list[Tensor]]:
-    check_same_keys("updates", updates, params)
+def aligned(
+    params: Params, updates: Updates, argument: str = "updates"
+) -> tuple[list[str], list[Tensor], list[Tensor]]:
+    """Returns the parameter names and the parameters and ``updates`` as lists, in ``params``' key order.
+
+    Raises ``ValueError``, naming ``argument``, unless ``updates`` has exactly the keys of ``params``.
+    """
+    check_same_keys(argument, updates, params)
     names = list(params.keys())
     return names, [params[k] for k in names], [updates[k] for k in names]
 
@@ -290,7 +325,7 @@ def apply_updates(params: Params, updates: Updates) -> dict[str, Tensor]:
     Inputs are left untouched and the result carries no autograd history. Use :func:`apply_updates_` to
     write into ``params`` instead.
     """
-    names, param_list, update_list = _aligned(params, updates)
+    names, param_list, update_list = aligned(params, updates)
     if not names:
         return {}
     with torch.no_grad():
@@ -307,7 +342,7 @@ def apply_updates_(params: Params, updates: Updates) -> None:
     For callers that own (donate) their parameters, such as a trainer keeping ``nn.Parameter`` storage. The
     updates must have the parameters' dtypes or be castable to them in place.
     """
-    names, param_list, update_list = _aligned(params, updates)
+    names, param_list, update_list = aligned(params, updates)
     if not names:
         return
     with torch.no_grad():

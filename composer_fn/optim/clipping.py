@@ -8,29 +8,15 @@ gradient unchanged), so no value is read on the host and every transform traces 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
-from composer_fn.optim.base import (
-    EmptyState,
-    GradientTransformation,
-    OptState,
-    Params,
-    Updates,
-    check_same_keys,
-    empty_state,
-    require_params,
-)
-from composer_fn.optim.transforms import at_least_zero, real_number
+from composer_fn.optim.arguments import real_number
+from composer_fn.optim.base import GradientTransformation, stateless
 
 __all__ = ["clip_by_global_norm", "clip_by_value", "adaptive_clip", "unitwise_norm"]
-
-
-def _positive(argument: str, value: object) -> float:
-    number = real_number(argument, value)
-    if not number > 0.0:
-        raise ValueError(f"{argument} must be > 0, got {number}")
-    return number
 
 
 def clip_by_global_norm(max_norm: float) -> GradientTransformation:
@@ -42,22 +28,15 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
 
     exactly as ``torch.nn.utils.clip_grad_norm_`` (whose ``1e-6`` keeps a zero gradient finite).
     """
-    max_norm = _positive("max_norm", max_norm)
+    max_norm = real_number("max_norm", max_norm, minimum=0.0, open_below=True)
 
-    def update(
-        updates: Updates, state: OptState, params: Params | None = None
-    ) -> tuple[dict[str, Tensor], EmptyState]:
-        if not updates:
-            return {}, EmptyState()
-        tensors = list(updates.values())
-        with torch.no_grad():
-            norms = torch._foreach_norm(tensors)
-            total_norm = torch.linalg.vector_norm(torch.stack([n.to(tensors[0].device) for n in norms]))
-            coefficient = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
-            clipped = torch._foreach_mul(tensors, coefficient)
-        return dict(zip(updates.keys(), clipped, strict=True)), EmptyState()
+    def clip(updates: list[Tensor], params: list[Tensor]) -> Sequence[Tensor]:
+        norms = torch._foreach_norm(updates)
+        total_norm = torch.linalg.vector_norm(torch.stack([n.to(updates[0].device) for n in norms]))
+        coefficient = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
+        return torch._foreach_mul(updates, coefficient)
 
-    return GradientTransformation(empty_state, update)
+    return stateless(clip)
 
 
 def clip_by_value(max_value: float) -> GradientTransformation:
@@ -65,19 +44,14 @@ def clip_by_value(max_value: float) -> GradientTransformation:
 
     ``u ← min(max(u, −max_value), max_value)``, as ``torch.nn.utils.clip_grad_value_``.
     """
-    max_value = _positive("max_value", max_value)
+    max_value = real_number("max_value", max_value, minimum=0.0, open_below=True)
 
-    def update(
-        updates: Updates, state: OptState, params: Params | None = None
-    ) -> tuple[dict[str, Tensor], EmptyState]:
-        if not updates:
-            return {}, EmptyState()
-        with torch.no_grad():
-            clipped = torch._foreach_clamp_min(list(updates.values()), -max_value)
-            torch._foreach_clamp_max_(clipped, max_value)
-        return dict(zip(updates.keys(), clipped, strict=True)), EmptyState()
+    def clip(updates: list[Tensor], params: list[Tensor]) -> Sequence[Tensor]:
+        clipped = torch._foreach_clamp_min(updates, -max_value)
+        torch._foreach_clamp_max_(clipped, max_value)
+        return clipped
 
-    return GradientTransformation(empty_state, update)
+    return stateless(clip)
 
 
 def unitwise_norm(tensor: Tensor) -> Tensor:
@@ -105,31 +79,22 @@ def adaptive_clip(clipping_threshold: float, eps: float = 1e-3) -> GradientTrans
     ``eps = 0`` this is Composer's ``_apply_agc``, where such a unit's update is zeroed. ``update`` needs
     ``params``.
     """
-    clipping_threshold = _positive("clipping_threshold", clipping_threshold)
-    eps = at_least_zero("eps", eps)
+    clipping_threshold = real_number("clipping_threshold", clipping_threshold, minimum=0.0, open_below=True)
+    eps = real_number("eps", eps, minimum=0.0)
 
-    def update(
-        updates: Updates, state: OptState, params: Params | None = None
-    ) -> tuple[dict[str, Tensor], EmptyState]:
-        if not updates:
-            return {}, EmptyState()
-        params = require_params(params, "adaptive_clip")
-        check_same_keys("updates", updates, params)
-        tensors = list(updates.values())
-        with torch.no_grad():
-            update_norms = [unitwise_norm(u) for u in tensors]
-            max_norms = [unitwise_norm(params[name]) for name in updates]
-            if eps > 0.0:
-                torch._foreach_clamp_min_(max_norms, eps)
-            torch._foreach_mul_(max_norms, clipping_threshold)
-            # Selecting with where (not min(1, m / n)) keeps 0/0 out of the result when a unit's weights and
-            # update are both zero, and leaves a unit whose update norm is NaN unscaled, as Composer's
-            # nan_to_num does.
-            coefficients = [
-                torch.where(n > m, m / n, torch.ones_like(n)).to(u.dtype)
-                for u, n, m in zip(tensors, update_norms, max_norms, strict=True)
-            ]
-            clipped = torch._foreach_mul(tensors, coefficients)
-        return dict(zip(updates.keys(), clipped, strict=True)), EmptyState()
+    def clip(updates: list[Tensor], params: list[Tensor]) -> Sequence[Tensor]:
+        update_norms = [unitwise_norm(u) for u in updates]
+        max_norms = [unitwise_norm(p) for p in params]
+        if eps > 0.0:
+            torch._foreach_clamp_min_(max_norms, eps)
+        torch._foreach_mul_(max_norms, clipping_threshold)
+        # Selecting with where (not min(1, m / n)) keeps 0/0 out of the result when a unit's weights and
+        # update are both zero, and leaves a unit whose update norm is NaN unscaled, as Composer's
+        # nan_to_num does.
+        coefficients = [
+            torch.where(n > m, m / n, torch.ones_like(n)).to(u.dtype)
+            for u, n, m in zip(updates, update_norms, max_norms, strict=True)
+        ]
+        return torch._foreach_mul(updates, coefficients)
 
-    return GradientTransformation(empty_state, update)
+    return stateless(clip, reads_params="adaptive_clip")

@@ -14,15 +14,19 @@ functional ``update``, which inductor fuses anyway.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from composer_fn.optim.base import FusedFn, GradientTransformation, OptState, Params, Updates, check_same_keys
+from composer_fn.optim.base import FusedFn, GradientTransformation, OptState, Params, Updates, aligned
 
-__all__ = ["sgd_in_place", "adam_in_place", "scheduled_fused", "fused_step", "fusable"]
+__all__ = ["WeightDecay", "sgd_in_place", "adam_in_place", "scheduled_fused", "fused_step", "fusable"]
+
+WeightDecay = Literal["coupled", "lr", "decoupled"]
+"""Where the weight decay ``λ · p`` enters: added to the gradient (``"coupled"``, L2), to the direction before
+the learning rate (``"lr"``, AdamW), or subtracted after the learning rate (``"decoupled"``, Composer's)."""
 
 _FUSED_DEVICES = ("cpu", "cuda")
 _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -46,11 +50,15 @@ def fused_step(
     return new_params, tx.fused(new_params, grads, new_state, scale)
 
 
-def _groups(*lists: list[Tensor]) -> list[tuple[bool, tuple[list[Tensor], ...]]]:
+_Group = tuple[list[Tensor], ...]
+"""Parallel lists of tensors of one device and dtype: the parameters, their gradients, then their state."""
+
+
+def _groups(*lists: list[Tensor]) -> list[tuple[bool, _Group]]:
     # Fused kernels take tensors of one device and dtype; group as torch.optim does (one group, almost always).
     first = lists[0][0] if lists[0] else None
     if first is None or all(t.device == first.device and t.dtype == first.dtype for t in lists[0]):
-        groups: dict[tuple[torch.device, torch.dtype], tuple[list[Tensor], ...]] = {}
+        groups: dict[tuple[torch.device, torch.dtype], _Group] = {}
         if first is not None:
             groups[(first.device, first.dtype)] = tuple(list(values) for values in lists)
     else:
@@ -65,10 +73,10 @@ def _groups(*lists: list[Tensor]) -> list[tuple[bool, tuple[list[Tensor], ...]]]
     ]
 
 
-def _aligned(params: Params, grads: Updates) -> tuple[list[str], list[Tensor], list[Tensor]]:
-    check_same_keys("grads", grads, params)
-    names = list(params)
-    return names, [params[n] for n in names], [grads[n] for n in names]
+def _decay_in_place(params: list[Tensor], amount: float) -> None:
+    """Multiplies ``params`` by ``1 − amount``: the decoupled weight decay of Composer's optimizers."""
+    if amount != 0.0 and params:
+        torch._foreach_mul_(params, 1.0 - amount)
 
 
 def sgd_in_place(
@@ -79,56 +87,34 @@ def sgd_in_place(
     weight_decay: float,
     *,
     decoupled: bool,
-    momentum_key: str,
 ) -> FusedFn:
     """Returns the in-place step of SGD (``decoupled=False``: ``torch.optim.SGD``) or of decoupled SGDW.
 
-    Decoupled SGDW first multiplies the weights by ``1 − scale · λ`` (Composer's ``DecoupledSGDW``).
-    ``momentum_key`` names the momentum's entry in the optimizer's state dict.
+    Decoupled SGDW first multiplies the weights by ``1 − scale · λ`` (Composer's ``DecoupledSGDW``). The
+    state's entry ``"momentum"`` holds the momentum buffers.
     """
 
     def fused(params: Params, grads: Updates, state: OptState, scale: float) -> OptState:
-        names, param_list, grad_list = _aligned(params, grads)
+        names, param_list, grad_list = aligned(params, grads, "grads")
         rate = learning_rate * scale
         coupled = 0.0 if decoupled else weight_decay
-        trace: Any = state[momentum_key]
+        trace: Any = state["momentum"]
         buffer_list = [trace.momentum_buffer[n] for n in names] if momentum > 0.0 else []
         first = momentum > 0.0 and int(trace.count) == 0
-        if decoupled and weight_decay != 0.0 and param_list:
-            torch._foreach_mul_(param_list, 1.0 - scale * weight_decay)
-        for native, (group_params, group_grads, group_buffers) in _groups(param_list, grad_list, buffer_list):
-            if native:
-                torch._fused_sgd_(
-                    group_params, group_grads, group_buffers,
-                    weight_decay=coupled, momentum=momentum, lr=rate, dampening=dampening,
-                    nesterov=nesterov, maximize=False, is_first_step=first,
-                )  # fmt: skip
-            else:
-                _sgd_foreach(
-                    group_params,
-                    group_grads,
-                    group_buffers,
-                    rate,
-                    momentum,
-                    dampening,
-                    nesterov,
-                    coupled,
-                    first,
-                )
+        if decoupled:
+            _decay_in_place(param_list, scale * weight_decay)
+        for native, group in _groups(param_list, grad_list, buffer_list):
+            _sgd_group(group, native, rate, momentum, dampening, nesterov, coupled, first)
         if momentum == 0.0:
             return state
-        return {
-            **state,
-            momentum_key: type(trace)(count=trace.count + 1, momentum_buffer=trace.momentum_buffer),
-        }
+        return {**state, "momentum": type(trace)(count=trace.count + 1, momentum_buffer=trace.momentum_buffer)}
 
     return fused
 
 
-def _sgd_foreach(
-    params: list[Tensor],
-    grads: list[Tensor],
-    buffers: list[Tensor],
+def _sgd_group(
+    group: _Group,
+    native: bool,
     rate: float,
     momentum: float,
     dampening: float,
@@ -136,6 +122,14 @@ def _sgd_foreach(
     weight_decay: float,
     first: bool,
 ) -> None:
+    params, grads, buffers = group
+    if native:
+        torch._fused_sgd_(
+            params, grads, buffers,
+            weight_decay=weight_decay, momentum=momentum, lr=rate, dampening=dampening,
+            nesterov=nesterov, maximize=False, is_first_step=first,
+        )  # fmt: skip
+        return
     if weight_decay != 0.0:
         grads = list(torch._foreach_add(grads, params, alpha=weight_decay))
     if buffers:
@@ -155,7 +149,7 @@ def adam_in_place(
     eps: float,
     weight_decay: float,
     *,
-    decay: str,
+    decay: WeightDecay,
 ) -> FusedFn:
     """Returns the in-place step of Adam with ``decay`` ``'coupled'`` (Adam), ``'lr'`` (AdamW) or ``'decoupled'``.
 
@@ -164,56 +158,43 @@ def adam_in_place(
     """
 
     def fused(params: Params, grads: Updates, state: OptState, scale: float) -> OptState:
-        names, param_list, grad_list = _aligned(params, grads)
+        names, param_list, grad_list = aligned(params, grads, "grads")
         rate = learning_rate * scale
         moments: Any = state["adam"]
         mu = [moments.mu[n] for n in names]
         nu = [moments.nu[n] for n in names]
         count = moments.count + 1
         step = int(count)
-        if decay == "decoupled" and weight_decay != 0.0 and param_list:
-            torch._foreach_mul_(param_list, 1.0 - scale * weight_decay)
-        for native, (group_params, group_grads, group_mu, group_nu) in _groups(param_list, grad_list, mu, nu):
-            if native:
-                kernel = torch._fused_adamw_ if decay == "lr" else torch._fused_adam_
-                steps = [torch.full((), float(step), dtype=torch.float32, device=group_params[0].device)]
-                kernel(
-                    group_params, group_grads, group_mu, group_nu, [], steps * len(group_params),
-                    lr=rate, beta1=b1, beta2=b2, weight_decay=0.0 if decay == "decoupled" else weight_decay,
-                    eps=eps, amsgrad=False, maximize=False,
-                )  # fmt: skip
-            else:
-                _adam_foreach(
-                    group_params,
-                    group_grads,
-                    group_mu,
-                    group_nu,
-                    step,
-                    rate,
-                    b1,
-                    b2,
-                    eps,
-                    weight_decay,
-                    decay,
-                )
+        if decay == "decoupled":
+            _decay_in_place(param_list, scale * weight_decay)
+        for native, group in _groups(param_list, grad_list, mu, nu):
+            _adam_group(group, native, step, rate, b1, b2, eps, weight_decay, decay)
         return {**state, "adam": type(moments)(count=count, mu=moments.mu, nu=moments.nu)}
 
     return fused
 
 
-def _adam_foreach(
-    params: list[Tensor],
-    grads: list[Tensor],
-    mu: list[Tensor],
-    nu: list[Tensor],
+def _adam_group(
+    group: _Group,
+    native: bool,
     step: int,
     rate: float,
     b1: float,
     b2: float,
     eps: float,
     weight_decay: float,
-    decay: str,
+    decay: WeightDecay,
 ) -> None:
+    params, grads, mu, nu = group
+    if native:
+        kernel = torch._fused_adamw_ if decay == "lr" else torch._fused_adam_
+        steps = [torch.full((), float(step), dtype=torch.float32, device=params[0].device)]
+        kernel(
+            params, grads, mu, nu, [], steps * len(params),
+            lr=rate, beta1=b1, beta2=b2, weight_decay=0.0 if decay == "decoupled" else weight_decay,
+            eps=eps, amsgrad=False, maximize=False,
+        )  # fmt: skip
+        return
     if decay == "lr" and weight_decay != 0.0:
         torch._foreach_mul_(params, 1.0 - rate * weight_decay)
     if decay == "coupled" and weight_decay != 0.0:

@@ -13,16 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from composer_fn.optim.arguments import real_number
 from composer_fn.optim.base import GradientTransformation, identity, named_chain
-from composer_fn.optim.fused import adam_in_place, sgd_in_place
-from composer_fn.optim.transforms import (
-    add_decayed_weights,
-    at_least_zero,
-    beta,
-    scale,
-    scale_by_adam,
-    trace,
-)
+from composer_fn.optim.fused import WeightDecay, adam_in_place, sgd_in_place
+from composer_fn.optim.transforms import add_decayed_weights, scale, scale_by_adam, trace
 
 __all__ = ["sgd", "sgdw", "adam", "adamw", "decoupled_adamw"]
 
@@ -34,10 +28,57 @@ def _momentum(momentum: float, dampening: float, nesterov: bool) -> GradientTran
     return momentum_transform if momentum > 0.0 else identity()
 
 
-def _betas(betas: Sequence[float]) -> tuple[float, float]:
+def _rate_and_decay(learning_rate: float, weight_decay: float) -> tuple[float, float]:
+    return (
+        real_number("learning_rate", learning_rate, minimum=0.0),
+        real_number("weight_decay", weight_decay, minimum=0.0),
+    )
+
+
+def _descent(
+    direction: tuple[str, GradientTransformation],
+    learning_rate: float,
+    weight_decay: float,
+    decay: WeightDecay,
+) -> GradientTransformation:
+    rate = ("learning_rate", scale(-learning_rate))
+    if decay == "coupled":
+        return named_chain(("weight_decay", add_decayed_weights(weight_decay)), direction, rate)
+    if decay == "lr":
+        return named_chain(direction, ("weight_decay", add_decayed_weights(weight_decay)), rate)
+    # The update already carries the descent sign, so the decay enters negated.
+    return named_chain(direction, rate, ("weight_decay", add_decayed_weights(-weight_decay)))
+
+
+def _sgd(
+    learning_rate: float,
+    momentum: float,
+    dampening: float,
+    nesterov: bool,
+    weight_decay: float,
+    decay: WeightDecay,
+) -> GradientTransformation:
+    learning_rate, weight_decay = _rate_and_decay(learning_rate, weight_decay)
+    chained = _descent(
+        ("momentum", _momentum(momentum, dampening, nesterov)), learning_rate, weight_decay, decay
+    )
+    fused = sgd_in_place(learning_rate, momentum, dampening, nesterov, weight_decay, decoupled=decay == "decoupled")
+    return chained._replace(fused=fused)
+
+
+def _adam(
+    learning_rate: float, betas: Sequence[float], eps: float, weight_decay: float, decay: WeightDecay
+) -> GradientTransformation:
+    learning_rate, weight_decay = _rate_and_decay(learning_rate, weight_decay)
     if not (isinstance(betas, Sequence) and len(betas) == 2):
         raise TypeError(f"betas must be a pair (beta1, beta2), got {betas!r}")
-    return beta("betas[0]", betas[0]), beta("betas[1]", betas[1])
+    b1, b2 = (
+        real_number(f"betas[{index}]", beta, minimum=0.0, maximum=1.0, open_above=True)
+        for index, beta in enumerate(betas)
+    )
+    eps = real_number("eps", eps, minimum=0.0)
+    chained = _descent(("adam", scale_by_adam(b1, b2, eps)), learning_rate, weight_decay, decay)
+    return chained._replace(fused=adam_in_place(learning_rate, b1, b2, eps, weight_decay, decay=decay))
 
 
 def sgd(
@@ -58,17 +99,7 @@ def sgd(
 
     State: ``{"weight_decay": EmptyState, "momentum": TraceState | EmptyState, "learning_rate": EmptyState}``.
     """
-    learning_rate = at_least_zero("learning_rate", learning_rate)
-    weight_decay = at_least_zero("weight_decay", weight_decay)
-    chained = named_chain(
-        ("weight_decay", add_decayed_weights(weight_decay)),
-        ("momentum", _momentum(momentum, dampening, nesterov)),
-        ("learning_rate", scale(-learning_rate)),
-    )
-    fused = sgd_in_place(
-        learning_rate, momentum, dampening, nesterov, weight_decay, decoupled=False, momentum_key="momentum"
-    )
-    return chained._replace(fused=fused)
+    return _sgd(learning_rate, momentum, dampening, nesterov, weight_decay, "coupled")
 
 
 def sgdw(
@@ -88,18 +119,7 @@ def sgdw(
     Chained with ``scale_by_schedule(s)`` the whole update is scaled, so the decay becomes ``s(t) · λ``:
     Composer's ``lr / initial_lr`` factor. State: ``{"momentum", "learning_rate", "weight_decay"}``.
     """
-    learning_rate = at_least_zero("learning_rate", learning_rate)
-    weight_decay = at_least_zero("weight_decay", weight_decay)
-    chained = named_chain(
-        ("momentum", _momentum(momentum, dampening, nesterov)),
-        ("learning_rate", scale(-learning_rate)),
-        # The update already carries the descent sign, so the decay enters negated.
-        ("weight_decay", add_decayed_weights(-weight_decay)),
-    )
-    fused = sgd_in_place(
-        learning_rate, momentum, dampening, nesterov, weight_decay, decoupled=True, momentum_key="momentum"
-    )
-    return chained._replace(fused=fused)
+    return _sgd(learning_rate, momentum, dampening, nesterov, weight_decay, "decoupled")
 
 
 def adam(
@@ -118,16 +138,7 @@ def adam(
     with Adam's bias-corrected direction from :func:`~composer_fn.optim.transforms.scale_by_adam`.
     State: ``{"weight_decay": EmptyState, "adam": ScaleByAdamState, "learning_rate": EmptyState}``.
     """
-    learning_rate = at_least_zero("learning_rate", learning_rate)
-    weight_decay = at_least_zero("weight_decay", weight_decay)
-    b1, b2 = _betas(betas)
-    eps = at_least_zero("eps", eps)
-    chained = named_chain(
-        ("weight_decay", add_decayed_weights(weight_decay)),
-        ("adam", scale_by_adam(b1, b2, eps)),
-        ("learning_rate", scale(-learning_rate)),
-    )
-    return chained._replace(fused=adam_in_place(learning_rate, b1, b2, eps, weight_decay, decay="coupled"))
+    return _adam(learning_rate, betas, eps, weight_decay, "coupled")
 
 
 def adamw(
@@ -144,16 +155,7 @@ def adamw(
 
     State: ``{"adam": ScaleByAdamState, "weight_decay": EmptyState, "learning_rate": EmptyState}``.
     """
-    learning_rate = at_least_zero("learning_rate", learning_rate)
-    weight_decay = at_least_zero("weight_decay", weight_decay)
-    b1, b2 = _betas(betas)
-    eps = at_least_zero("eps", eps)
-    chained = named_chain(
-        ("adam", scale_by_adam(b1, b2, eps)),
-        ("weight_decay", add_decayed_weights(weight_decay)),
-        ("learning_rate", scale(-learning_rate)),
-    )
-    return chained._replace(fused=adam_in_place(learning_rate, b1, b2, eps, weight_decay, decay="lr"))
+    return _adam(learning_rate, betas, eps, weight_decay, "lr")
 
 
 def decoupled_adamw(
@@ -172,14 +174,4 @@ def decoupled_adamw(
     factor. Defaults are Composer's (``betas=(0.9, 0.95)``, ``weight_decay=1e-5``). State:
     ``{"adam": ScaleByAdamState, "learning_rate": EmptyState, "weight_decay": EmptyState}``.
     """
-    learning_rate = at_least_zero("learning_rate", learning_rate)
-    weight_decay = at_least_zero("weight_decay", weight_decay)
-    b1, b2 = _betas(betas)
-    eps = at_least_zero("eps", eps)
-    chained = named_chain(
-        ("adam", scale_by_adam(b1, b2, eps)),
-        ("learning_rate", scale(-learning_rate)),
-        # The update already carries the descent sign, so the decay enters negated.
-        ("weight_decay", add_decayed_weights(-weight_decay)),
-    )
-    return chained._replace(fused=adam_in_place(learning_rate, b1, b2, eps, weight_decay, decay="decoupled"))
+    return _adam(learning_rate, betas, eps, weight_decay, "decoupled")

@@ -16,18 +16,19 @@ import torch
 from torch import Tensor
 
 from composer_fn.core.host import readable_on_host
+from composer_fn.core.validate import flag
+from composer_fn.optim.arguments import real_number
 from composer_fn.optim.base import (
-    EmptyState,
     GradientTransformation,
     OptState,
     Params,
     Updates,
     chain,
     check_same_keys,
-    empty_state,
+    identity,
     params_device,
-    require_params,
     scalar_dtype,
+    stateless,
 )
 from composer_fn.optim.fused import scheduled_fused
 
@@ -69,36 +70,6 @@ class ScaleByAdamState(NamedTuple):
     nu: dict[str, Tensor]
 
 
-def real_number(argument: str, value: object) -> float:
-    """Returns ``value`` as a ``float``; raises unless it is a finite real Python number.
-
-    ``TypeError`` for anything but ``int``/``float`` (``bool`` included), ``ValueError`` for ``nan``/``inf``.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"{argument} must be a real number (int or float), got {type(value).__name__} {value!r}"
-        )
-    if not math.isfinite(value):
-        raise ValueError(f"{argument} must be finite, got {value}")
-    return float(value)
-
-
-def at_least_zero(argument: str, value: object) -> float:
-    """Returns ``value`` as a ``float``; raises ``ValueError`` unless it is a number ``>= 0``."""
-    number = real_number(argument, value)
-    if not number >= 0.0:
-        raise ValueError(f"{argument} must be >= 0, got {number}")
-    return number
-
-
-def beta(argument: str, value: object) -> float:
-    """Returns ``value`` as a ``float``; raises ``ValueError`` unless it lies in ``[0, 1)``."""
-    number = real_number(argument, value)
-    if not 0.0 <= number < 1.0:
-        raise ValueError(f"{argument} must be in [0, 1), got {number}")
-    return number
-
-
 def _zero_count(params: Params) -> Tensor:
     return torch.zeros((), dtype=torch.int64, device=params_device(params))
 
@@ -123,17 +94,9 @@ def _one_minus_power(base: float, exponent: Tensor) -> Tensor:
 def scale(factor: float) -> GradientTransformation:
     """Returns a transform that multiplies every update by a constant: ``u ← factor · u``."""
     factor = real_number("factor", factor)
-
-    def update(
-        updates: Updates, state: OptState, params: Params | None = None
-    ) -> tuple[dict[str, Tensor], EmptyState]:
-        if factor == 1.0 or not updates:
-            return dict(updates), EmptyState()
-        with torch.no_grad():
-            scaled = torch._foreach_mul(list(updates.values()), factor)
-        return dict(zip(updates.keys(), scaled, strict=True)), EmptyState()
-
-    return GradientTransformation(empty_state, update)
+    if factor == 1.0:
+        return identity()
+    return stateless(lambda updates, _: torch._foreach_mul(updates, factor))
 
 
 def scale_by_schedule(schedule: ScheduleMultiplier, *, host_evaluable: bool = False) -> GradientTransformation:
@@ -198,21 +161,12 @@ def add_decayed_weights(weight_decay: float) -> GradientTransformation:
     already carries the descent sign). ``update`` needs ``params``.
     """
     weight_decay = real_number("weight_decay", weight_decay)
-
-    def update(
-        updates: Updates, state: OptState, params: Params | None = None
-    ) -> tuple[dict[str, Tensor], EmptyState]:
-        if weight_decay == 0.0 or not updates:
-            return dict(updates), EmptyState()
-        params = require_params(params, "add_decayed_weights")
-        check_same_keys("updates", updates, params)
-        with torch.no_grad():
-            decayed = torch._foreach_add(
-                list(updates.values()), [params[name] for name in updates], alpha=weight_decay
-            )
-        return dict(zip(updates.keys(), decayed, strict=True)), EmptyState()
-
-    return GradientTransformation(empty_state, update)
+    if weight_decay == 0.0:
+        return identity()
+    return stateless(
+        lambda updates, params: torch._foreach_add(updates, params, alpha=weight_decay),
+        reads_params="add_decayed_weights",
+    )
 
 
 def trace(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> GradientTransformation:
@@ -226,10 +180,9 @@ def trace(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> Gr
 
     State: :class:`TraceState` with buffers shaped and typed like the parameters.
     """
-    momentum = at_least_zero("momentum", momentum)
+    momentum = real_number("momentum", momentum, minimum=0.0)
     dampening = real_number("dampening", dampening)
-    if not isinstance(nesterov, bool):
-        raise TypeError(f"nesterov must be a bool, got {type(nesterov).__name__} {nesterov!r}")
+    flag("nesterov", nesterov)
     if nesterov and (momentum == 0.0 or dampening != 0.0):
         raise ValueError(
             f"nesterov=True requires momentum > 0 and dampening == 0, got momentum={momentum}, dampening={dampening}"
@@ -287,9 +240,9 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
 
     State: :class:`ScaleByAdamState` with moments shaped and typed like the parameters.
     """
-    b1 = beta("b1", b1)
-    b2 = beta("b2", b2)
-    eps = at_least_zero("eps", eps)
+    b1 = real_number("b1", b1, minimum=0.0, maximum=1.0, open_above=True)
+    b2 = real_number("b2", b2, minimum=0.0, maximum=1.0, open_above=True)
+    eps = real_number("eps", eps, minimum=0.0)
 
     def init(params: Params) -> ScaleByAdamState:
         with torch.no_grad():

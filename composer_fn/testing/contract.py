@@ -12,7 +12,11 @@ hooks through real training steps, and raises ``AssertionError`` with a message 
   with an error naming it).
 - ``check_composes``: two algorithms train together for a few steps with a finite loss.
 
-Image algorithms are checked on a SmallCNN, token algorithms (``modality = "tokens"``) on a small CausalLM.
+The run is the trainer's: ``train_steps`` drives ``run_schedule``, running every host event it yields (fit,
+epoch and batch events) and the traced step. What each algorithm is checked with (its example
+hyperparameters, its kind of batch, its model, whether it is stochastic) comes from
+``composer_fn.testing.settings``: image algorithms are checked on a SmallCNN, token algorithms on a small
+CausalLM, unless their settings name a model.
 
 ``python -m pytest --pyargs composer_fn.testing`` is not needed: call the checks from your own tests.
 """
@@ -34,11 +38,13 @@ from composer_fn.core import random as R
 from composer_fn.core.algorithm import Algorithm, algorithms_to_json
 from composer_fn.core.engine import frozen_parameters, make_plan, run_event, run_host_event
 from composer_fn.core.event import Event
-from composer_fn.core.state import BatchMeta, ForwardFn, LossFn, State, Static, StepCtx, initial_state
+from composer_fn.core.schedule import Action, Progress, next_tick, run_schedule
+from composer_fn.core.state import ForwardFn, LossFn, State, Static, StepCtx, batch_meta, initial_state
 from composer_fn.core.time import Time, Timestamp, TimeUnit
 from composer_fn.models import SmallCNN
-from composer_fn.models.init import init_parameters
+from composer_fn.nn import init_parameters
 from composer_fn.optim import sgd
+from composer_fn.testing.settings import CheckSettings, modality_of, settings_for
 from composer_fn.trainer.checkpoint import load_checkpoint, save_checkpoint
 from composer_fn.trainer.step import (
     compile_step,
@@ -79,16 +85,6 @@ class Setup:
     max_duration: Time
 
 
-def _modality(algorithms: Sequence[Algorithm]) -> str:
-    kinds = sorted({a.modality for a in algorithms})
-    if len(kinds) > 1:
-        raise ValueError(
-            f"algorithms {[a.name for a in algorithms]} work on different batches ({', '.join(kinds)}); "
-            "a set-up holds one kind"
-        )
-    return kinds[0] if kinds else "image"
-
-
 def make_setup(
     algorithms: Sequence[Algorithm],
     *,
@@ -104,7 +100,7 @@ def make_setup(
 ) -> Setup:
     """Returns a set-up with INIT already run, for the algorithms' ``modality``.
 
-    Images: a width-8 SmallCNN (or the first ``check_model()`` an algorithm gives) on keyed
+    Images: a width-8 SmallCNN (or the first model the algorithms' check settings name) on keyed
     ``[B, 3, image_size, image_size]`` images and ``num_classes`` classes.
     Tokens: a one-block CausalLM over 16 symbols on keyed ``[B, sequence_length]`` token rows with next-token
     labels. Both train with SGD with momentum; the run's ``max_duration`` is ``steps`` batches. ``seed`` draws the
@@ -112,7 +108,7 @@ def make_setup(
     ``modality`` overrides the one the algorithms declare (for a set-up without algorithms); ``model`` the image
     model.
     """
-    modality = modality or _modality(algorithms)
+    modality = modality or modality_of(algorithms)
     data_key = R.fold_in(R.key(seed), 0xDA7A)
     given = model
     if modality == "tokens":
@@ -124,7 +120,8 @@ def make_setup(
         batches: tuple[Any, ...] = tuple((row[:, :-1].clone(), row[:, 1:].clone()) for row in rows)
         loss_fn = causal_lm_loss()
     else:
-        chosen = given or next((m for m in (type(a).check_model() for a in algorithms) if m is not None), None)
+        build = next((s.model for s in map(settings_for, algorithms) if s.model is not None), None)
+        chosen = given or (build() if build is not None else None)
         model = chosen if chosen is not None else SmallCNN(in_channels=3, num_classes=num_classes, width=8)
         init = init_parameters(model, R.key(seed))
         batches = tuple(
@@ -156,65 +153,79 @@ def _optimizer() -> Any:
     return sgd(0.05, momentum=0.9)
 
 
-def _meta(batch: Any) -> tuple[BatchMeta, int]:
-    input = batch[0]
-    tokens = 0 if input.is_floating_point() else input.numel()
-    return BatchMeta(input.shape[0], tuple(input.shape)), tokens
-
-
 def train_steps(
     setup: Setup, *, compile_backend: str | None = None, check_inputs: bool = False
 ) -> tuple[State, list[Tensor]]:
     """Returns the state after training on every batch of ``setup``, and the losses.
 
-    Runs the host events of each batch (BATCH_START before the step, BATCH_END after it) and the traced
-    step, as the trainer does. With ``check_inputs``, every host event and step is checked not to have
-    written into the state and batch it was given.
+    Drives the trainer's own schedule (``run_schedule``) over one epoch of the run's length: every host event
+    it yields runs its hooks, and each step runs the traced step, as in ``Trainer.fit``. With
+    ``check_inputs``, every host event and step is checked not to have written into the state and batch it
+    was given.
     """
     state, static = setup.state, setup.static
-    timestamp = Timestamp().with_max_duration(setup.max_duration)
-    tx = _optimizer()
+    start = Timestamp().with_max_duration(setup.max_duration)
+    ticks = run_schedule(len(setup.batches), int(setup.max_duration.value), start=start)
     steps: dict[Any, Callable[[State, Any], tuple[State, dict[str, Tensor]]]] = {}
-    losses = []
+    losses: list[Tensor] = []
     names = ", ".join(a.name for a in setup.algorithms)
-    for index, batch in enumerate(setup.batches):
-        meta, tokens = _meta(batch)
+    batches = iter(setup.batches)
+    batch, meta = None, None
+    reply: Progress | None = None
+    while (tick := next_tick(ticks, reply)) is not None:
+        what, timestamp = tick
+        reply = None
+        if what is Event.BEFORE_DATALOADER:
+            batch = next(batches)
+        elif what is Event.BATCH_START:
+            meta = batch_meta(batch)
+        elif what is Event.BATCH_END:
+            meta = None
         plan = make_plan(setup.algorithms, timestamp=timestamp, meta=meta)
         guard = _snapshot((state, batch)) if check_inputs else None
         before = state
-        static, state = run_host_event(Event.BATCH_START, plan, static, state, timestamp, meta)
+        if isinstance(what, Event):
+            static, state = run_host_event(what, plan, static, state, timestamp, meta)
+            where = f"{what.name} hooks at batch {timestamp.batch}"
+        elif what is Action.STEP:
+            assert meta is not None
+            step = _train_step(setup, static, plan, frozen_parameters(setup.algorithms, timestamp, static.module),
+                               steps, compile_backend)
+            state, metrics = step(state, batch)
+            losses.append(metrics["loss"])
+            reply = Progress(meta.batch_size, meta.tokens)
+            where = f"traced step {timestamp.batch}"
+            assert not check_inputs or state is not before, f"{names}: step {timestamp.batch} returned its input state"
+        else:
+            continue
         if guard is not None:
-            _assert_unchanged((before, batch), guard, f"{names}: BATCH_START hooks of step {index}")
-        frozen = frozen_parameters(setup.algorithms, timestamp, static.module)
-        step = steps.get((plan.step_key, frozen))
-        if step is None:
-            step = make_train_step(
-                static,
-                plan,
-                setup.loss_fn,
-                tx,
-                grad_mode="func" if compile_backend else "autograd",
-                per_sample_loss_fn=setup.per_sample_loss_fn,
-                frozen=frozen,
-            )
-            if compile_backend:
-                step = compile_step(step, compile_backend)
-            steps[(plan.step_key, frozen)] = step
-        guard = _snapshot((state, batch)) if check_inputs else None
-        before = state
-        state, metrics = step(state, batch)
-        if guard is not None:
-            _assert_unchanged((before, batch), guard, f"{names}: traced step {index}")
-            assert state is not before, f"{names}: step {index} returned its input state"
-        losses.append(metrics["loss"])
-        timestamp = timestamp.advance(meta.batch_size, tokens)
-        guard = _snapshot(state) if check_inputs else None
-        before = state
-        after_plan = make_plan(setup.algorithms, timestamp=timestamp)
-        static, state = run_host_event(Event.BATCH_END, after_plan, static, state, timestamp)
-        if guard is not None:
-            _assert_unchanged(before, guard, f"{names}: BATCH_END hooks of step {index}")
+            _assert_unchanged((before, batch), guard, f"{names}: {where}")
     return state, losses
+
+
+def _train_step(
+    setup: Setup,
+    static: Static,
+    plan: Any,
+    frozen: frozenset[str],
+    steps: dict[Any, Callable[[State, Any], tuple[State, dict[str, Tensor]]]],
+    compile_backend: str | None,
+) -> Callable[[State, Any], tuple[State, dict[str, Tensor]]]:
+    step = steps.get((plan.step_key, frozen))
+    if step is None:
+        step = make_train_step(
+            static,
+            plan,
+            setup.loss_fn,
+            _optimizer(),
+            grad_mode="func" if compile_backend else "autograd",
+            per_sample_loss_fn=setup.per_sample_loss_fn,
+            frozen=frozen,
+        )
+        if compile_backend:
+            step = compile_step(step, compile_backend)
+        steps[(plan.step_key, frozen)] = step
+    return step
 
 
 def _snapshot(tree: Any) -> list[tuple[int, Tensor, int]]:
@@ -278,16 +289,16 @@ def check_checkpoint_round_trip(algorithm: Algorithm, *, seed: int = 0) -> None:
     assert loaded.algorithms == algorithms_to_json([algorithm]), f"{algorithm.name}: config not restored"
 
 
-def check_keys_matter(algorithm: Algorithm, *, seed: int = 0) -> None:
+def check_keys_matter(algorithm: Algorithm, *, seed: int = 0, settings: CheckSettings | None = None) -> None:
     """Raises AssertionError unless other keys give other results exactly when the algorithm is stochastic.
 
-    Model and data stay the same; only the root key changes. A deterministic algorithm (``stochastic`` false)
-    must give bitwise the same state under both keys.
+    Model and data stay the same; only the root key changes. A deterministic algorithm (its ``settings`` say
+    ``stochastic`` is false; by default the registered settings) must give bitwise the same state under both keys.
     """
     first, _ = train_steps(make_setup([algorithm], seed=seed, key_seed=seed))
     second, _ = train_steps(make_setup([algorithm], seed=seed, key_seed=seed + 1))
     same = all(torch.equal(first.params[name], second.params[name]) for name in first.params)
-    if algorithm.stochastic:
+    if (settings or settings_for(algorithm)).stochastic(algorithm):
         assert not same, f"{algorithm.name}: keys {seed} and {seed + 1} gave the same parameters"
     else:
         assert same, f"{algorithm.name}: declared deterministic, yet keys {seed} and {seed + 1} gave different results"
@@ -309,18 +320,21 @@ def _outputs(static: Static, state: State, input: Any) -> Any:
         module.train(mode)
 
 
-def check_surgery(algorithm: Algorithm, *, seed: int = 0) -> None:
+def check_surgery(algorithm: Algorithm, *, seed: int = 0, settings: CheckSettings | None = None) -> None:
     """Raises AssertionError unless a model rewrite is pure and idempotent (algorithms that rewrite nothing pass).
 
     The rewrite at INIT must claim a submodule of the suite's model (so the check checks something), leave
     the given module, its tensors and the state untouched, claim nothing on its own result, and give, applied
     again, the same structure, tensors and outputs.
     """
-    if not algorithm.rewrites_model:
+    rewrites = algorithm.capabilities().rewrites
+    if rewrites is None:
         return
-    plain = make_setup([], seed=seed, modality=algorithm.modality, model=type(algorithm).check_model())
+    chosen = settings or settings_for(algorithm)
+    model = chosen.model() if chosen.model is not None else None
+    plain = make_setup([], seed=seed, modality=chosen.modality, model=model)
     module = plain.static.module
-    assert algorithm.surgery_targets(module), f"{algorithm.name}: claims no submodule of the suite's model"
+    assert rewrites(module), f"{algorithm.name}: claims no submodule of the suite's model"
     before = _module_snapshot(module)
     guard = _snapshot(plain.state)
     start = Timestamp().with_max_duration(plain.max_duration)
@@ -332,7 +346,7 @@ def check_surgery(algorithm: Algorithm, *, seed: int = 0) -> None:
     for (name, old, version), (_, new, new_version) in zip(before[1], after[1], strict=True):
         assert version == new_version and torch.equal(old, new), f"{algorithm.name}: the given module's {name!r} changed"
     assert once_static.module is not module, f"{algorithm.name}: returned the given module instead of a new one"
-    assert not algorithm.surgery_targets(once_static.module), f"{algorithm.name}: still claims submodules once applied"
+    assert not rewrites(once_static.module), f"{algorithm.name}: still claims submodules once applied"
     twice_static, twice = run_host_event(Event.INIT, plan, once_static, once, start)
     assert repr(twice_static.module) == repr(once_static.module), f"{algorithm.name}: applying twice changed the model"
     _assert_states_equal(once, twice, f"{algorithm.name}: applying twice")
@@ -360,14 +374,14 @@ def check_dtypes(algorithm: Algorithm, *, seed: int = 0) -> None:
     input as float32, as a model that normalises its input would.
     """
     setup = make_setup([algorithm], seed=seed)
-    images = setup.algorithms[0].modality == "image"
+    images = modality_of(setup.algorithms) == "image"
     dtypes = IMAGE_DTYPES if images else (torch.int64,)
     model_forward = make_forward(setup.static)
     for dtype in dtypes:
         first = setup.batches[0]
         input = _as_dtype(first[0], dtype) if images else first[0]
         batch = (input, first[1])
-        meta, _ = _meta(batch)
+        meta = batch_meta(batch)
         timestamp = Timestamp().with_max_duration(setup.max_duration)
         plan = make_plan(setup.algorithms, timestamp=timestamp, meta=meta)
         try:

@@ -18,10 +18,18 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
+from composer_fn.core.algorithm import Algorithm, algorithms_from_json
 from composer_fn.core.state import State
 from composer_fn.core.time import Timestamp
 
-__all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_algorithms", "Checkpoint", "FORMAT_VERSION"]
+__all__ = [
+    "save_checkpoint",
+    "load_checkpoint",
+    "checkpoint_algorithms",
+    "with_recorded_surgeries",
+    "Checkpoint",
+    "FORMAT_VERSION",
+]
 
 FORMAT_VERSION = 1
 
@@ -154,3 +162,17 @@ def load_checkpoint(
         key=payload["key"],
     )
     return Checkpoint(state, Timestamp.from_dict(payload["timestamp"]), payload["algorithms"])
+
+
+def with_recorded_surgeries(given: tuple[Algorithm, ...], load_path: str | Path) -> tuple[Algorithm, ...]:
+    """Returns the algorithms to build a trainer with that resumes from ``load_path``.
+
+    A checkpoint of a rewritten model holds the rewritten structure's tensors: a trainer given only the plain
+    model (and no other algorithms) re-applies the recorded surgeries, in their order, before loading.
+    """
+    recorded = algorithms_from_json(checkpoint_algorithms(load_path))
+    missing = [a for a in recorded if a not in given]
+    rewrites = all(a.capabilities().rewrites is not None for a in missing)
+    if missing and rewrites and all(a in recorded for a in given):
+        return recorded
+    return given

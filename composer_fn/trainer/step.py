@@ -7,6 +7,10 @@ mechanisms compute it, chosen by ``grad_mode``:
   percent of a hand-written loop).
 - ``"func"``: ``torch.func.grad_and_value``; traceable as one graph by ``torch.compile(fullgraph=True)``.
 
+This module holds the reference step, which runs every traced event. For ``"autograd"`` and a plan without
+traced hooks, ``make_train_step`` returns the plain step of ``composer_fn.trainer.eager_step`` instead, which
+skips the empty events and computes the same state.
+
 Module buffers (BatchNorm statistics) are cloned into the forward and come back as ``State.buffers``; the
 input state is never written to.
 
@@ -20,6 +24,7 @@ advance once per step, by the first pass, however many times the closure is call
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -27,14 +32,14 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
-from torch import Tensor, nn
+from torch import Tensor
 from torch.func import functional_call, grad_and_value
 
 from composer_fn.core import random as R
 from composer_fn.core.engine import Plan, run_event
 from composer_fn.core.event import Event
 from composer_fn.core.state import ForwardFn, GradientFn, LossFn, State, Static, StepCtx, batch_get
-from composer_fn.models.keyed import forward_key_names, forward_keys
+from composer_fn.nn import forward_key_names, forward_keys
 from composer_fn.optim.base import (
     GradientTransformation,
     OptState,
@@ -43,6 +48,7 @@ from composer_fn.optim.base import (
     restrict_state,
 )
 from composer_fn.optim.fused import fusable, fused_step
+from composer_fn.trainer.eager_step import ModuleSlots, make_plain_step
 
 __all__ = [
     "compile_step",
@@ -109,48 +115,13 @@ def precision_context(static: Static) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
-class ModuleSlots:
-    """Where each parameter and buffer of a module lives, found once, to call the module on given tensors.
-
-    ``torch.func.functional_call`` walks the module tree and checks tied names on every call, which costs tens
-    of microseconds per step on a small model. The eager step instead writes the given tensors into the
-    owning modules' tables, calls the module and puts the originals back. Tied tensors (one tensor under
-    several names) are filled from their first name, as ``named_parameters()`` lists it.
-    """
-
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
-        slots: dict[str, list[tuple[dict[str, Any], str]]] = {}
-        first_name: dict[int, str] = {}
-        for kind, members in (("_parameters", module.named_parameters), ("_buffers", module.named_buffers)):
-            for name, tensor in members(remove_duplicate=False):
-                owner_path, _, attribute = name.rpartition(".")
-                owner = module.get_submodule(owner_path)
-                canonical = first_name.setdefault(id(tensor), name)
-                slots.setdefault(canonical, []).append((getattr(owner, kind), attribute))
-        self.slots = {name: tuple(tables) for name, tables in slots.items()}
-
-    def __call__(self, tensors: Mapping[str, Tensor], input: Any) -> Any:
-        """Returns ``module(input)`` computed with ``tensors`` in place of the module's own."""
-        saved = []
-        try:
-            for name, tensor in tensors.items():
-                for table, attribute in self.slots[name]:
-                    saved.append((table, attribute, table[attribute]))
-                    table[attribute] = tensor
-            return self.module(input)
-        finally:
-            for table, attribute, original in reversed(saved):
-                table[attribute] = original
-
-
 def _forward(
     static: Static,
+    slots: ModuleSlots | None,
     params: Mapping[str, Tensor],
     buffers: Mapping[str, Tensor],
     input: Tensor,
-    slots: ModuleSlots | None,
-    keys: Mapping[str, Tensor] | None = None,
+    keys: Mapping[str, Tensor] | None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     # The forward writes BatchNorm statistics into the buffers it is given: hand it copies and return them.
     # Random layers read this forward's keys; the returned buffers keep the stored ones.
@@ -196,13 +167,25 @@ def make_train_step(
         raise ValueError(f"grad_mode={grad_mode!r} must be one of {', '.join(GRAD_MODES)}")
     slots = ModuleSlots(static.module) if grad_mode == "autograd" else None
     key_names = forward_key_names(static.module)
+    forward_with = functools.partial(_forward, static, slots)
+    update = functools.partial(_optimize, tx, donate=donate, frozen=frozen)
+    if grad_mode == "autograd" and not plan.hooks:
+        return make_plain_step(
+            forward_with,
+            loss_fn,
+            update,
+            precision=functools.partial(precision_context, static),
+            input_key=input_key,
+            frozen=frozen,
+            key_names=key_names,
+        )
 
     def loss_and_aux(
         params: Mapping[str, Tensor], state: State, ctx: StepCtx
     ) -> tuple[Tensor, tuple[State, StepCtx]]:
         state, ctx = run_event(Event.BEFORE_FORWARD, plan, state, ctx)
         keys = forward_keys(key_names, ctx.key) if key_names else None
-        outputs, buffers = _forward(static, params, state.buffers, batch_get(ctx.batch, input_key), slots, keys)
+        outputs, buffers = forward_with(params, state.buffers, batch_get(ctx.batch, input_key), keys)
         state, ctx = state.replace(buffers=buffers), ctx.replace(outputs=outputs)
         state, ctx = run_event(Event.AFTER_FORWARD, plan, state, ctx)
         state, ctx = run_event(Event.BEFORE_LOSS, plan, state, ctx)
@@ -227,7 +210,7 @@ def make_train_step(
         keys = forward_keys(key_names, step_key) if key_names else None
 
         def forward(params: Mapping[str, Tensor], buffers: Mapping[str, Tensor], input: Any) -> tuple[Any, dict[str, Tensor]]:
-            return _forward(static, params, buffers, input, slots, keys)
+            return forward_with(params, buffers, input, keys)
 
         return forward
 
@@ -275,25 +258,13 @@ def make_train_step(
         state, ctx = run_event(Event.AFTER_BACKWARD, plan, state, ctx)
         state, ctx = run_event(Event.AFTER_TRAIN_BATCH, plan, state, ctx)
         assert ctx.grads is not None
-        params, opt = _optimize(tx, ctx.grads, state.opt, state.params, donate, frozen)
+        params, opt = update(ctx.grads, state.opt, state.params)
         state = state.replace(params=params, opt=opt, step=state.step + 1)
         state, ctx = run_event(Event.AFTER_OPTIMIZER_STEP, plan, state, ctx)
         assert ctx.loss is not None
         return state, {"loss": ctx.loss}
 
-    def plain_step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
-        # The same step for a plan without traced hooks, minus ten empty folds and the records between them.
-        leaves = {name: p.detach() if name in frozen else p.detach().requires_grad_() for name, p in state.params.items()}
-        keys = forward_keys(key_names, _step_key(state, True)) if key_names else None
-        outputs, buffers = _forward(static, leaves, state.buffers, batch_get(batch, input_key), slots, keys)
-        with precision_context(static):
-            loss = loss_fn(outputs, batch)
-        trainable = [name for name in leaves if name not in frozen]
-        grads = dict(zip(trainable, torch.autograd.grad(loss, [leaves[n] for n in trainable]), strict=True))
-        params, opt = _optimize(tx, grads, state.opt, state.params, donate, frozen)
-        return state.replace(params=params, buffers=buffers, opt=opt, step=state.step + 1), {"loss": loss.detach()}
-
-    return plain_step if grad_mode == "autograd" and not plan.hooks else train_step
+    return train_step
 
 
 def _optimize(

@@ -2,14 +2,17 @@
 
 It owns every side effect: the device, the data loaders, compilation, the clock, the progress bar, loggers,
 callbacks and checkpoint files. Everything that decides what training does (which algorithm runs when, the
-step itself, the learning rate) is a pure function it calls.
+step itself, the learning rate) is a pure function it calls. ``fit`` is the side effects of each tick of the
+run schedule (``composer_fn.core.schedule``).
+
+Longer than most modules: it is one class, kept whole so that every side effect of a run reads in one place,
+and a fifth of it documents the arguments.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
-import math
 import sys
 import time
 import warnings
@@ -19,13 +22,13 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-import torchmetrics
 from torch import Tensor, nn
 from tqdm import tqdm
 
 from composer_fn.callbacks.base import Callback, RunView, bind_callbacks
 from composer_fn.core import random as R
-from composer_fn.core.algorithm import REQUIREMENTS, Algorithm, algorithms_from_json, algorithms_to_json
+from composer_fn.core import validate
+from composer_fn.core.algorithm import REQUIREMENTS, Algorithm, algorithms_to_json
 from composer_fn.core.engine import (
     Plan,
     check_surgery_conflicts,
@@ -35,6 +38,7 @@ from composer_fn.core.engine import (
 )
 from composer_fn.core.event import Event
 from composer_fn.core.passes import DEFAULT_PASSES, Pass
+from composer_fn.core.schedule import EXHAUSTED, Action, Progress, next_tick, run_schedule
 from composer_fn.core.state import (
     PRECISIONS,
     BatchMeta,
@@ -43,15 +47,16 @@ from composer_fn.core.state import (
     State,
     Static,
     batch_get,
+    batch_meta,
     initial_state,
 )
 from composer_fn.core.time import Time, Timestamp, TimeUnit, to_steps
 from composer_fn.loggers.base import Logger
 from composer_fn.optim.base import GradientTransformation
 from composer_fn.optim.optimizers import sgdw
-from composer_fn.optim.schedules import ConstantScheduler
-from composer_fn.optim.transforms import scheduled
-from composer_fn.trainer.checkpoint import checkpoint_algorithms, load_checkpoint, save_checkpoint
+from composer_fn.trainer.checkpoint import load_checkpoint, save_checkpoint, with_recorded_surgeries
+from composer_fn.trainer.evaluation import evaluate
+from composer_fn.trainer.learning_rate import learning_rate
 from composer_fn.trainer.step import (
     GradMode,
     StepFn,
@@ -79,26 +84,6 @@ def _interval(value: str | int | Time | None, argument: str) -> Time | None:
     return interval
 
 
-def _batches_between(interval: Time | None) -> int:
-    """Returns the period in batches of an interval counted in batches, and 0 for any other interval."""
-    if interval is None or interval.unit is not TimeUnit.BATCH:
-        return 0
-    return int(interval.value)
-
-
-def _batch_meta(batch: Any, input_key: int | str) -> tuple[BatchMeta, int]:
-    # Tokens are counted from the loader's batch, as Composer counts them: every element of an integer input.
-    input = batch_get(batch, input_key)
-    shape = tuple(input.shape)
-    tokens = input.numel() if not (input.is_floating_point() or input.is_complex()) else 0
-    return BatchMeta(int(shape[0]), shape), int(tokens)
-
-
-def _class_last(outputs: Tensor, target: Tensor) -> bool:
-    # Sequence models give [B, S, V] logits against [B, S] targets; image models give [B, C, ...].
-    return outputs.dim() > 2 and outputs.dim() == target.dim() + 1 and outputs.shape[:-1] == target.shape
-
-
 class Trainer:
     """Trains ``model`` with ``algorithms`` composed over a functional step.
 
@@ -123,7 +108,7 @@ class Trainer:
             (the trainer owns them), so a callback that keeps a tensor past its call keeps a clone.
         save_folder: where checkpoints go (``ep{epoch}-ba{batch}.pt`` and ``latest.pt``); None saves nothing.
         save_interval: how often to checkpoint when ``save_folder`` is set.
-        load_path: a checkpoint to resume from. Surgery algorithms (``rewrites_model``) the checkpoint records
+        load_path: a checkpoint to resume from. Surgery algorithms (``Capabilities.rewrites``) the checkpoint records
             but the trainer was not given are re-applied, in the recorded order, before its tensors load.
         loss_fn: ``loss_fn(outputs, batch)``; default cross-entropy against ``batch[target_key]``.
         per_sample_loss_fn: ``fn(outputs, batch) -> [B]`` for algorithms that need per-sample losses; default
@@ -170,7 +155,7 @@ class Trainer:
             raise TypeError("train_dataloader must have a length (batches per epoch) to schedule epochs")
         self.algorithms = tuple(algorithms)
         if load_path is not None:
-            self.algorithms = _with_recorded_surgeries(self.algorithms, load_path)
+            self.algorithms = with_recorded_surgeries(self.algorithms, load_path)
         for algorithm in self.algorithms:
             missing = algorithm.requires - SUPPORTED_REQUIREMENTS
             if missing:
@@ -188,14 +173,9 @@ class Trainer:
         if duration.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH):
             raise ValueError(f"max_duration={max_duration!r} must be in epochs or batches, e.g. '10ep' or '500ba'")
         self.max_duration = duration
-        if (
-            isinstance(scale_schedule_ratio, bool)
-            or not isinstance(scale_schedule_ratio, int | float)
-            or not math.isfinite(scale_schedule_ratio)
-            or scale_schedule_ratio <= 0
-        ):
-            raise ValueError(f"scale_schedule_ratio={scale_schedule_ratio!r} must be a finite number > 0")
-        self.scale_schedule_ratio = float(scale_schedule_ratio)
+        self.scale_schedule_ratio = validate.real(
+            "scale_schedule_ratio", scale_schedule_ratio, minimum=0.0, open_below=True
+        )
         # Composer multiplies max_duration by the ratio; counting in steps keeps a fractional epoch's batches.
         self.max_steps = int(
             to_steps(duration, steps_per_epoch=self.steps_per_epoch, max_steps=0) * self.scale_schedule_ratio
@@ -224,28 +204,27 @@ class Trainer:
         self.metrics: dict[str, float] = {}
         self._steps: dict[Any, StepFn] = {}
         self._eval_steps: dict[Any, Callable[[State, Any], Tensor]] = {}
+        self._input_ranges = tuple(
+            (a.name, r) for a in self.algorithms if (r := a.capabilities().input_range) is not None
+        )
+        self._freezing = any(a.capabilities().freezes is not None for a in self.algorithms)
+        self._last_plan: tuple[Timestamp | None, BatchMeta | None, Plan | None] = (None, None, None)
+        self._last_step: tuple[Any, ...] = (None, None, None, None)
+        self._batches: Iterator[Any] | None = None
+        self._batch: Any = None
+        self._meta = BatchMeta(0)
 
         if optimizer is None:
             warnings.warn("no optimizer given: using sgdw(learning_rate=0.1)", stacklevel=2)
             optimizer = sgdw(0.1)
-        if schedule is None:
-            # No schedule: the optimizer's own learning rate throughout, and no per-step multiplication.
-            base = ConstantScheduler().resolve(steps_per_epoch=self.steps_per_epoch, max_steps=1)
-        else:
-            base = schedule.resolve(
-                steps_per_epoch=self.steps_per_epoch,
-                max_steps=self.max_steps,
-                scale_schedule_ratio=self.scale_schedule_ratio,
-            )
-        self.lr_multiplier = base
-        for algorithm in self.algorithms:
-            self.lr_multiplier = algorithm.lr_multiplier(
-                self.lr_multiplier, steps_per_epoch=self.steps_per_epoch, max_steps=self.max_steps
-            )
-        if schedule is None and self.lr_multiplier is base:
-            self.tx = optimizer
-        else:
-            self.tx = scheduled(optimizer, self.lr_multiplier)
+        self.tx, self.lr_multiplier = learning_rate(
+            optimizer,
+            schedule,
+            self.algorithms,
+            steps_per_epoch=self.steps_per_epoch,
+            max_steps=self.max_steps,
+            scale_schedule_ratio=self.scale_schedule_ratio,
+        )
 
         target_device = torch.device(device) if device is not None else _default_device()
         check_surgery_conflicts(self.algorithms, model)
@@ -273,10 +252,13 @@ class Trainer:
         if load_path is not None:
             self._load(load_path)
 
-    # -- the pure parts, called from the loop ------------------------------------------------------------
-
     def _plan(self, timestamp: Timestamp, meta: BatchMeta | None = None) -> Plan:
-        return make_plan(self.algorithms, self.passes, timestamp, meta=meta)
+        # Several ticks in a row share a timestamp: plan once for them.
+        last_timestamp, last_meta, plan = self._last_plan
+        if timestamp is not last_timestamp or meta is not last_meta or plan is None:
+            plan = make_plan(self.algorithms, self.passes, timestamp, meta=meta)
+            self._last_plan = (timestamp, meta, plan)
+        return plan
 
     def _train_step(self, plan: Plan, frozen: frozenset[str] = frozenset()) -> StepFn:
         cache_key = (self.static, plan.step_key, frozen)
@@ -316,13 +298,10 @@ class Trainer:
         if not isinstance(input, Tensor) or not input.is_floating_point() or input.numel() == 0:
             return
         low, high = float(input.min()), float(input.max())
-        for algorithm in self.algorithms:
-            if algorithm.input_range is None:
-                continue
-            lowest, highest = algorithm.input_range
+        for name, (lowest, highest) in self._input_ranges:
             if low < lowest or high > highest:
                 raise ValueError(
-                    f"{algorithm.name} takes floating-point inputs in [{lowest}, {highest}], but the first batch's "
+                    f"{name} takes floating-point inputs in [{lowest}, {highest}], but the first batch's "
                     f"inputs span [{low:.4g}, {high:.4g}]: give it pixels before normalisation (or uint8 images) "
                     "and normalise after it, e.g. in the model"
                 )
@@ -339,8 +318,6 @@ class Trainer:
 
         return backend
 
-    # -- side effects --------------------------------------------------------------------------------------
-
     def _notify(self, event: Event) -> None:
         handlers = self._handlers.get(event)
         if handlers:
@@ -348,7 +325,8 @@ class Trainer:
             for handler in handlers:
                 handler(view)
 
-    def _host_event(self, event: Event, plan: Plan, meta: BatchMeta | None = None) -> None:
+    def _host_event(self, event: Event, meta: BatchMeta | None = None) -> None:
+        plan = self._plan(self.timestamp, meta)
         if event in plan.host:
             self.static, self.state = run_host_event(event, plan, self.static, self.state, self.timestamp, meta)
         self._notify(event)
@@ -368,27 +346,34 @@ class Trainer:
         for batch in self.train_dataloader:
             yield batch_get(self._to_device(batch), self.input_key)
 
-    def _batches(self) -> Iterator[Any]:
-        loader: Any = self.train_dataloader
-        epoch, start = self.timestamp.epoch, self.timestamp.batch_in_epoch
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)
-        if start and hasattr(loader, "iter_from"):
-            return iter(loader.iter_from(epoch, start))
-        return itertools.islice(iter(loader), start, None)
-
-    def _due(self, interval: Time | None, unit: TimeUnit) -> bool:
-        if interval is None or interval.unit is not unit:
-            return False
-        return self.timestamp.get(unit) % int(interval.value) == 0
-
     def fit(self) -> dict[str, float]:
-        """Returns the final metrics after training to ``max_duration`` (resuming where a checkpoint left off)."""
+        """Returns the final metrics after training to ``max_duration`` (resuming where a checkpoint left off).
+
+        The run is the side effects of each tick of ``run_schedule``: host hooks and callbacks at events, and
+        the trainer's own actions (the step, logging, evaluation, checkpoints) where the schedule puts them.
+        """
         self.static.module.train()
         self._log({"kind": "hparams", **hparams_of(self)})
-        plan = self._plan(self.timestamp)
-        self._host_event(Event.FIT_START, plan)
-        bar = tqdm(
+        actions: dict[Event | Action, Callable[[], Progress | str | None]] = {
+            Event.BEFORE_DATALOADER: self._next_batch,
+            Event.BATCH_START: lambda: self._host_event(Event.BATCH_START, self._meta),
+            Action.STEP: self._step,
+            Action.LOG: self._log_train,
+            Event.EPOCH_END: self._end_epoch,
+            Action.EVALUATE: self._evaluate,
+            Action.SAVE: self._save,
+        }
+        ticks = run_schedule(
+            self.max_steps,
+            self.steps_per_epoch,
+            start=self.timestamp,
+            eval_interval=self.eval_interval,
+            save_interval=self.save_interval,
+            log_interval=self.log_interval,
+            final_eval=self.eval_dataloader is not None,
+            final_save=self.save_folder is not None,
+        )
+        self._bar = tqdm(
             total=self.max_steps,
             initial=self.timestamp.batch,
             disable=not self.progress_bar,
@@ -398,90 +383,20 @@ class Trainer:
             leave=True,
         )
         start = time.perf_counter()
-        window_start, window_samples = start, 0
-        listening = bool(self._handlers)
-        log_every = _batches_between(self.log_interval) or self.max_steps + 1
-        eval_every, save_every = _batches_between(self.eval_interval), _batches_between(self.save_interval)
-        step_plan, step_static, step_frozen = self._plan(self.timestamp), self.static, frozenset[str]()
-        step: StepFn = self._train_step(step_plan)
-        # Asked before every step only when an algorithm can freeze parameters at all.
-        freezing = any(type(a).frozen_parameters is not Algorithm.frozen_parameters for a in self.algorithms)
-        loss: Tensor | None = None
-        saved_at = -1
-        unchecked = any(a.input_range is not None for a in self.algorithms)
+        self._window = (start, 0)
+        self._unchecked = bool(self._input_ranges)
         try:
-            while self.timestamp.batch < self.max_steps:
-                plan = self._plan(self.timestamp)
-                if self.timestamp.batch_in_epoch == 0:
-                    self._host_event(Event.EPOCH_START, plan)
-                epoch_began_at = self.timestamp.batch
-                # A checkpoint taken after an epoch's last batch resumes straight into that epoch's end.
-                finished = self.timestamp.batch_in_epoch >= self.steps_per_epoch
-                for raw in () if finished else self._batches():
-                    meta, tokens = _batch_meta(raw, self.input_key)
-                    size = meta.batch_size
-                    plan = self._plan(self.timestamp, meta)
-                    batch = self._to_device(raw)
-                    if unchecked:
-                        self._check_input_range(batch)
-                        unchecked = False
-                    if plan.host or listening:
-                        self._host_event(Event.BEFORE_DATALOADER, plan)
-                        self._host_event(Event.BATCH_START, plan, meta)
-                    frozen = (
-                        frozen_parameters(self.algorithms, self.timestamp, self.static.module)
-                        if freezing
-                        else step_frozen
-                    )
-                    if plan is not step_plan or self.static is not step_static or frozen != step_frozen:
-                        step = self._train_step(plan, frozen)
-                        step_plan, step_static, step_frozen = plan, self.static, frozen
-                    began = time.perf_counter()
-                    self.state, outputs = step(self.state, batch)
-                    loss = outputs["loss"]
-                    self.timestamp = self.timestamp.advance(size, tokens, time.perf_counter() - began)
-                    window_samples += size
-                    if self.progress_bar:
-                        bar.update(1)
-                    plan = self._plan(self.timestamp)
-                    batches_done = self.timestamp.batch
-                    if batches_done % log_every == 0 or batches_done == self.max_steps:
-                        now = time.perf_counter()
-                        self._log_train(loss, window_samples / max(now - window_start, 1e-9), bar)
-                        window_start, window_samples = now, 0
-                    if plan.host or listening:
-                        self._host_event(Event.BATCH_END, plan)
-                    if eval_every and batches_done % eval_every == 0:
-                        self._evaluate()
-                    if plan.host or listening:
-                        self._host_event(Event.BATCH_CHECKPOINT, plan)
-                    if save_every and batches_done % save_every == 0:
-                        saved_at = self._save()
-                    if self.timestamp.batch >= self.max_steps:
-                        break
-                if self.timestamp.batch_in_epoch < self.steps_per_epoch and self.timestamp.batch >= self.max_steps:
-                    break
-                if self.timestamp.batch == epoch_began_at and not finished:
-                    raise ValueError(
-                        f"train_dataloader yielded no batch in epoch {self.timestamp.epoch} although its length is "
-                        f"{self.steps_per_epoch}"
-                    )
-                self._host_event(Event.EPOCH_END, plan)
-                if self._due(self.eval_interval, TimeUnit.EPOCH):
-                    self._evaluate()
-                self.timestamp = self.timestamp.next_epoch()
-                plan = self._plan(self.timestamp)
-                self._host_event(Event.EPOCH_CHECKPOINT, plan)
-                if self._due(self.save_interval, TimeUnit.EPOCH):
-                    saved_at = self._save()
+            reply: Progress | str | None = None
+            while (tick := next_tick(ticks, reply)) is not None:
+                what, self.timestamp = tick
+                action = actions.get(what)
+                if action is None:
+                    assert isinstance(what, Event)
+                    self._host_event(what)
+                reply = action() if action is not None else None
         finally:
-            bar.close()
-        plan = self._plan(self.timestamp)
-        self._host_event(Event.FIT_END, plan)
-        if self.eval_dataloader is not None and self.metrics.get("eval_step") != self.timestamp.batch:
-            self._evaluate()
-        if self.save_folder is not None and saved_at != self.timestamp.batch:
-            self._save()
+            self._bar.close()
+            self._batches = self._batch = None
         self.metrics["wall_time"] = time.perf_counter() - start
         self._log({"kind": "fit", "step": self.timestamp.batch, "wall_time": self.metrics["wall_time"]})
         for callback in self.callbacks:
@@ -490,10 +405,65 @@ class Trainer:
             logger.close()
         return dict(self.metrics)
 
-    def _log_train(self, loss: Tensor | None, samples_per_second: float, bar: Any) -> None:
+    def _next_batch(self) -> str | None:
+        # BEFORE_DATALOADER, then the loader: a loader that runs out early ends the epoch early.
+        self._host_event(Event.BEFORE_DATALOADER)
+        if self._batches is None:
+            self._batches = self._epoch_batches()
+        raw = next(self._batches, None)
+        if raw is None:
+            if self.timestamp.batch_in_epoch == 0:
+                raise ValueError(
+                    f"train_dataloader yielded no batch in epoch {self.timestamp.epoch} although its length is "
+                    f"{self.steps_per_epoch}"
+                )
+            return EXHAUSTED
+        self._meta = batch_meta(raw, self.input_key)
+        self._batch = self._to_device(raw)
+        if self._unchecked:
+            self._check_input_range(self._batch)
+            self._unchecked = False
+        return None
+
+    def _epoch_batches(self) -> Iterator[Any]:
+        loader: Any = self.train_dataloader
+        epoch, start = self.timestamp.epoch, self.timestamp.batch_in_epoch
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        if start and hasattr(loader, "iter_from"):
+            return iter(loader.iter_from(epoch, start))
+        return itertools.islice(iter(loader), start, None)
+
+    def _step(self) -> Progress:
+        plan = self._plan(self.timestamp, self._meta)
+        frozen = (
+            frozen_parameters(self.algorithms, self.timestamp, self.static.module) if self._freezing else frozenset()
+        )
+        if (plan, self.static, frozen) != self._last_step[:3]:
+            self._last_step = (plan, self.static, frozen, self._train_step(plan, frozen))
+        step = self._last_step[3]
+        began = time.perf_counter()
+        self.state, outputs = step(self.state, self._batch)
+        self._loss = outputs["loss"]
+        self._batch = None
+        if self.progress_bar:
+            self._bar.update(1)
+        window_start, samples = self._window
+        self._window = (window_start, samples + self._meta.batch_size)
+        return Progress(self._meta.batch_size, self._meta.tokens, time.perf_counter() - began)
+
+    def _end_epoch(self) -> None:
+        self._batches = None
+        self._host_event(Event.EPOCH_END)
+
+    def _log_train(self) -> None:
         step = self.timestamp.batch
+        now = time.perf_counter()
+        window_start, samples = self._window
+        samples_per_second = samples / max(now - window_start, 1e-9)
+        self._window = (now, 0)
         learning_rate = float(self.lr_multiplier(max(step - 1, 0)))
-        value = float(loss) if loss is not None else float("nan")
+        value = float(self._loss)
         self.metrics.update(loss=value, samples_per_second=samples_per_second, lr_multiplier=learning_rate)
         self._log(
             {
@@ -505,58 +475,43 @@ class Trainer:
                 "samples_per_second": samples_per_second,
             }
         )
-        bar.set_postfix(loss=f"{value:.4f}", samples_s=f"{samples_per_second:,.0f}", refresh=False)
+        self._bar.set_postfix(loss=f"{value:.4f}", samples_s=f"{samples_per_second:,.0f}", refresh=False)
 
-    def _evaluate(self, standalone: bool = False) -> dict[str, float]:
+    def _evaluate(self, standalone: bool = False) -> None:
         if self.eval_dataloader is None:
-            return {}
+            return
         module = self.static.module
         module.eval()
         plan = self._plan(self.timestamp)
         opening = Event.EVAL_STANDALONE_START if standalone else Event.EVAL_BEFORE_ALL
-        self._host_event(opening, plan)
-        self._host_event(Event.EVAL_START, plan)
-        step = self._eval_step(plan)
-        accuracy: torchmetrics.Metric | None = None
-        mean_loss = torchmetrics.MeanMetric().to(self.static.device)
+        self._host_event(opening)
+        self._host_event(Event.EVAL_START)
         try:
-            for raw in self.eval_dataloader:
-                batch = self._to_device(raw)
-                self._host_event(Event.EVAL_BATCH_START, plan)
-                outputs = step(self.state, batch)
-                target = batch_get(batch, self.target_key)
-                predictions = outputs.movedim(-1, 1) if _class_last(outputs, target) else outputs
-                if accuracy is None:
-                    # -100 marks positions without a label (masked-LM targets, padding), as in cross-entropy.
-                    accuracy = torchmetrics.classification.MulticlassAccuracy(
-                        num_classes=predictions.shape[1], average="micro", ignore_index=-100
-                    ).to(self.static.device)
-                accuracy.update(predictions.float(), target)
-                with torch.no_grad():
-                    mean_loss.update(self.loss_fn(outputs.float(), batch), weight=target.shape[0])
-                self._host_event(Event.EVAL_BATCH_END, plan)
+            results = evaluate(
+                self._eval_step(plan),
+                self.state,
+                map(self._to_device, self.eval_dataloader),
+                loss_fn=self.loss_fn,
+                target_key=self.target_key,
+                device=self.static.device,
+                on_event=self._host_event,
+            )
         finally:
             module.train()
-        results = {
-            "eval_accuracy": float(accuracy.compute()) if accuracy is not None else float("nan"),
-            "eval_loss": float(mean_loss.compute()),
-        }
         self.metrics.update(results, eval_step=self.timestamp.batch)
         self._log({"kind": "eval", "step": self.timestamp.batch, "epoch": self.timestamp.epoch, **results})
-        self._host_event(Event.EVAL_END, plan)
+        self._host_event(Event.EVAL_END)
         closing = Event.EVAL_STANDALONE_END if standalone else Event.EVAL_AFTER_ALL
-        self._host_event(closing, plan)
-        return results
+        self._host_event(closing)
 
     def eval(self) -> dict[str, float]:
         """Returns the evaluation metrics (accuracy, loss) of the current state on ``eval_dataloader``."""
         if self.eval_dataloader is None:
             raise ValueError("eval() needs an eval_dataloader; none was given to the Trainer")
-        return self._evaluate(standalone=True)
+        self._evaluate(standalone=True)
+        return {name: self.metrics[name] for name in ("eval_accuracy", "eval_loss")}
 
-    # -- checkpoints ---------------------------------------------------------------------------------------
-
-    def _save(self) -> int:
+    def _save(self) -> None:
         assert self.save_folder is not None
         name = f"ep{self.timestamp.epoch}-ba{self.timestamp.batch}.pt"
         path = save_checkpoint(
@@ -568,31 +523,19 @@ class Trainer:
         link.symlink_to(path.name)
         link.replace(latest)
         self._log({"kind": "checkpoint", "step": self.timestamp.batch, "path": str(path)})
-        return self.timestamp.batch
 
     def _load(self, load_path: str | Path) -> None:
-        plan = self._plan(self.timestamp)
-        self._host_event(Event.BEFORE_LOAD, plan)
+        self._host_event(Event.BEFORE_LOAD)
         checkpoint = load_checkpoint(
             load_path, self.state, device=self.static.device, algorithms=algorithms_to_json(self.algorithms)
         )
         self.state = checkpoint.state
         self.timestamp = checkpoint.timestamp.with_max_duration(self.timestamp.max_duration)
-        self._host_event(Event.AFTER_LOAD, self._plan(self.timestamp))
+        self._host_event(Event.AFTER_LOAD)
 
     def save_checkpoint(self, path: str | Path) -> Path:
         """Returns the path written: the current state and timestamp, saved atomically."""
         return save_checkpoint(path, self.state, self.timestamp, algorithms_to_json(self.algorithms))
-
-
-def _with_recorded_surgeries(given: tuple[Algorithm, ...], load_path: str | Path) -> tuple[Algorithm, ...]:
-    # A checkpoint of a surgered model holds the rewritten structure's tensors: a trainer given only the
-    # plain model re-applies the recorded surgeries (at INIT, before loading) so the tensors fit.
-    recorded = algorithms_from_json(checkpoint_algorithms(load_path))
-    missing = [a for a in recorded if a not in given]
-    if missing and all(a.rewrites_model for a in missing) and all(a in recorded for a in given):
-        return recorded
-    return given
 
 
 def _default_device() -> torch.device:
@@ -609,3 +552,4 @@ def hparams_of(trainer: Trainer) -> Mapping[str, Any]:
         "seed": trainer.static.seed,
         "compile": trainer.compile,
     }
+

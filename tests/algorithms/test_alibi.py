@@ -27,8 +27,9 @@ from composer_fn.core.state import BatchMeta, State, StepCtx
 from composer_fn.core.time import Timestamp
 from composer_fn.data import TensorLoader
 from composer_fn.models.bert import MaskedLM, mask_tokens, masked_lm_loss
-from composer_fn.models.init import init_parameters
 from composer_fn.models.lm import CausalLM, causal_lm_loss
+from composer_fn.nn import init_parameters
+from composer_fn.testing.settings import settings_for
 from composer_fn.trainer import Trainer
 
 seeds = st.integers(0, 2**31 - 1)
@@ -230,7 +231,7 @@ def test_the_traced_hook_reshapes_to_the_plan_key_length() -> None:
         _, ctx = run_event(Event.AFTER_DATALOADER, plan, state, ctx)
         assert ctx.batch[0].shape == (16, 8) and torch.equal(ctx.batch[1], ctx.batch[0] + 1)
     with pytest.raises(TypeError, match="plan_key"):
-        algorithm.traced_hooks_at("8")
+        algorithm.traced_hooks("8")
 
 
 class _NoBlocks(nn.Module):
@@ -256,7 +257,7 @@ def test_the_record_round_trips_through_its_config_and_keeps_composers_defaults(
     algorithm = Alibi(max_sequence_length=128, train_sequence_length_scaling=0.5)
     assert algorithm_from_config(algorithm.to_config()) == algorithm
     assert (Alibi().max_sequence_length, Alibi().train_sequence_length_scaling) == (8192, 0.25)
-    assert not Alibi().stochastic and Alibi().rewrites_model
+    assert not settings_for("alibi").stochastic(Alibi()) and Alibi().capabilities().rewrites is not None
 
 
 def _causal_loader() -> TensorLoader:

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from PIL import Image
 from torchvision.transforms.v2 import functional as TF
 
-from composer_fn.algorithms import _augment_ops as ops
+from composer_fn.algorithms import _augment as ops
+from composer_fn.algorithms._augment import host
 from composer_fn.core import random as R
 
 seeds = st.integers(0, 2**32 - 1)
@@ -348,7 +349,7 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 
 def _tensor_forms():
     """Runs the ops as on a GPU or under tracing: their tensor forms instead of the eager CPU NumPy ones."""
-    return mock.patch.object(ops, "readable_on_host", lambda values: False)
+    return mock.patch.object(host, "readable_on_host", lambda values: False)
 
 
 @given(seeds, st.integers(1, 12), channels, st.integers(1, 9), st.integers(1, 9), st.sampled_from(DTYPES))

@@ -20,8 +20,8 @@ from composer_fn.algorithms.blurpool import (
     default_blur_filter,
 )
 from composer_fn.core import random as R
-from composer_fn.models.init import init_parameters
 from composer_fn.models.resnet import CIFARResNet
+from composer_fn.nn import init_parameters
 from composer_fn.testing import check_compiled_matches_eager, make_setup
 
 

@@ -10,6 +10,7 @@ import composer_fn.algorithms  # noqa: F401  (registers every algorithm)
 from composer_fn.core import random as R
 from composer_fn.core.algorithm import REGISTRY
 from composer_fn.testing import CHECKS, check_composes
+from composer_fn.testing.settings import SETTINGS, CheckSettings, example, settings_for
 
 ALGORITHMS = sorted(REGISTRY)
 
@@ -18,22 +19,35 @@ def test_the_registry_holds_the_foundation_algorithms() -> None:
     assert {"channels_last", "label_smoothing", "mixup"} <= set(ALGORITHMS)
 
 
+def test_every_registered_algorithm_has_check_settings() -> None:
+    # Without settings an algorithm would be checked with defaults that may never exercise it.
+    missing = sorted(set(REGISTRY) - set(SETTINGS))
+    assert not missing, f"no check settings for {missing}: add them to composer_fn.testing.settings.SETTINGS"
+
+
+def test_an_example_is_an_instance_of_its_algorithm() -> None:
+    for name in ALGORITHMS:
+        assert type(example(name)) is REGISTRY[name]
+
+
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_algorithm_honours_the_contract(name: str, check) -> None:
-    check(REGISTRY[name].for_checks())
+    check(example(name))
 
 
 # Algorithms for image batches and for token batches never meet in one run; every pair of one kind does.
 PAIRS = [
-    (a, b) for a, b in itertools.combinations(ALGORITHMS, 2) if REGISTRY[a].modality == REGISTRY[b].modality
+    (a, b)
+    for a, b in itertools.combinations(ALGORITHMS, 2)
+    if settings_for(a).modality == settings_for(b).modality
 ]
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids="+".join)
 def test_every_two_algorithms_compose(pair: tuple[str, str]) -> None:
     first, second = pair
-    check_composes(REGISTRY[first].for_checks(), REGISTRY[second].for_checks())
+    check_composes(example(first), example(second))
 
 
 def test_purity_check_catches_an_algorithm_that_writes_into_its_input() -> None:
@@ -45,7 +59,7 @@ def test_purity_check_catches_an_algorithm_that_writes_into_its_input() -> None:
 
     @dataclass(frozen=True)
     class WritesIntoInput(Algorithm):
-        def traced_hooks(self):
+        def traced_hooks(self, plan_key=()):
             return {Event.BEFORE_FORWARD: self._scale}
 
         def _scale(self, state, ctx):
@@ -65,16 +79,12 @@ def test_keys_check_catches_a_stochastic_algorithm_that_ignores_its_key() -> Non
 
     @dataclass(frozen=True)
     class ClaimsRandomness(Algorithm):
-        @property
-        def stochastic(self) -> bool:
-            return True
-
-        def traced_hooks(self):
+        def traced_hooks(self, plan_key=()):
             return {Event.BEFORE_FORWARD: lambda state, ctx: (state, ctx.replace(batch=(ctx.batch[0] * 0.5, ctx.batch[1])))}
 
     @dataclass(frozen=True)
     class HidesRandomness(Algorithm):
-        def traced_hooks(self):
+        def traced_hooks(self, plan_key=()):
             return {Event.BEFORE_FORWARD: self._noise}
 
         def _noise(self, state, ctx):
@@ -82,7 +92,7 @@ def test_keys_check_catches_a_stochastic_algorithm_that_ignores_its_key() -> Non
             return state, ctx.replace(batch=(ctx.batch[0] + noise, ctx.batch[1]))
 
     with pytest.raises(AssertionError, match="same parameters"):
-        check_keys_matter(ClaimsRandomness())
+        check_keys_matter(ClaimsRandomness(), settings=CheckSettings(stochastic=lambda a: True))
     with pytest.raises(AssertionError, match="declared deterministic"):
         check_keys_matter(HidesRandomness())
 
@@ -96,7 +106,7 @@ def test_dtype_check_catches_an_algorithm_that_changes_the_input_dtype() -> None
 
     @dataclass(frozen=True)
     class Promotes(Algorithm):
-        def traced_hooks(self):
+        def traced_hooks(self, plan_key=()):
             return {Event.AFTER_DATALOADER: lambda state, ctx: (state, ctx.replace(batch=(ctx.batch[0] * 0.5, ctx.batch[1])))}
 
     with pytest.raises(AssertionError, match="came out as"):

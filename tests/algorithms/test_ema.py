@@ -119,7 +119,7 @@ def test_an_explicit_smoothing_is_used_at_each_update_as_given() -> None:
     [
         ({"half_life": None}, "exactly one of half_life and smoothing.*half_life=None, smoothing=None"),
         ({"smoothing": 0.9}, "exactly one of half_life and smoothing.*smoothing=0.9"),
-        ({"half_life": None, "smoothing": 1.5}, r"smoothing=1.5 must be a number in \[0, 1\]"),
+        ({"half_life": None, "smoothing": 1.5}, r"smoothing=1.5 must be a finite number in \[0, 1\]"),
         ({"half_life": "10sp"}, "half_life='10sp' must be a time string in ba, ep"),
         ({"half_life": "0ba"}, "half_life='0ba' must be positive"),
         ({"half_life": "soon"}, "half_life='soon' must be a time string"),

@@ -25,6 +25,7 @@ from composer_fn.algorithms.factorize import (
 from composer_fn.core import random as R
 from composer_fn.models import init_parameters
 from composer_fn.testing import make_setup
+from composer_fn.testing.settings import example
 
 seeds = st.integers(0, 2**32 - 1)
 
@@ -245,7 +246,7 @@ def test_factorize_conv2d_at_full_rank_reproduces_the_convolution(seed, in_chann
 
 
 def test_the_contract_form_factorizes_the_suite_model_at_init() -> None:
-    setup = make_setup([Factorize.for_checks()])
+    setup = make_setup([example("factorize")])
     factorized = [
         n
         for n, m in setup.static.module.named_modules()

@@ -23,8 +23,9 @@ from composer_fn.core import random as R
 from composer_fn.core.algorithm import algorithm_from_config
 from composer_fn.data import TensorLoader
 from composer_fn.models.bert import MaskedLM
-from composer_fn.models.init import init_parameters
 from composer_fn.models.lm import CausalLM, causal_lm_loss
+from composer_fn.nn import init_parameters
+from composer_fn.testing.settings import settings_for
 from composer_fn.trainer import Trainer
 
 seeds = st.integers(0, 2**31 - 1)
@@ -204,7 +205,8 @@ def test_invalid_arguments_raise_naming_the_argument() -> None:
 def test_the_record_round_trips_and_declares_its_keyed_draws() -> None:
     algorithm = GatedLinearUnits(act_fn="silu", gated_layer_bias=True)
     assert algorithm_from_config(algorithm.to_config()) == algorithm
-    assert GatedLinearUnits().stochastic and GatedLinearUnits().rewrites_model
+    assert settings_for("gated_linear_units").stochastic(GatedLinearUnits())
+    assert GatedLinearUnits().capabilities().rewrites is not None
 
 
 def test_the_rewritten_model_trains_in_the_trainer_with_a_finite_falling_loss() -> None:

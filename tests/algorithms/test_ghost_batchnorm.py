@@ -22,6 +22,7 @@ from composer_fn.algorithms.ghost_batchnorm import (
 from composer_fn.core import random as R
 from composer_fn.models import SmallCNN
 from composer_fn.testing import make_setup
+from composer_fn.testing.settings import example
 
 seeds = st.integers(0, 2**32 - 1)
 SHAPES = {nn.BatchNorm1d: (3, 2), nn.BatchNorm2d: (3, 4, 4), nn.BatchNorm3d: (3, 2, 2, 2)}
@@ -129,7 +130,7 @@ def test_ghosting_twice_equals_ghosting_once(seed, ghost_size) -> None:
 
 def test_the_algorithm_keeps_the_tensor_names_and_values() -> None:
     plain = make_setup([])
-    ghosted = make_setup([GhostBatchNorm.for_checks()])
+    ghosted = make_setup([example("ghost_batchnorm")])
     assert ghosted.state.params.keys() == plain.state.params.keys()
     assert ghosted.state.buffers.keys() == plain.state.buffers.keys()
     assert sum(isinstance(m, GhostBatchNorm2d) for m in ghosted.static.module.modules()) == 3

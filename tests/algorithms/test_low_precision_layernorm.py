@@ -22,8 +22,9 @@ from composer_fn.core.algorithm import algorithm_from_config
 from composer_fn.core.engine import make_plan
 from composer_fn.core.event import Event
 from composer_fn.data import TensorLoader
-from composer_fn.models.init import init_parameters
 from composer_fn.models.lm import CausalLM, causal_lm_loss
+from composer_fn.nn import init_parameters
+from composer_fn.testing.settings import settings_for
 from composer_fn.trainer import Trainer
 
 seeds = st.integers(0, 2**31 - 1)
@@ -143,7 +144,7 @@ def test_it_runs_after_the_other_surgeries_so_it_converts_what_they_add() -> Non
     plan = make_plan([LowPrecisionLayerNorm(), GatedLinearUnits()])
     assert dict(plan.order)[Event.INIT] == ("gated_linear_units", "low_precision_layernorm")
     assert algorithm_from_config(LowPrecisionLayerNorm().to_config()) == LowPrecisionLayerNorm()
-    assert not LowPrecisionLayerNorm().stochastic
+    assert not settings_for("low_precision_layernorm").stochastic(LowPrecisionLayerNorm())
 
 
 def test_the_model_trains_in_bf16_mixed_precision_with_a_finite_loss() -> None:

@@ -98,7 +98,8 @@ def test_the_algorithm_draws_exactly_what_mixup_params_draws_from_the_step_key(p
     _, ctx = plan.hooks[Event.BEFORE_FORWARD][0](state, ctx)
     expected = mixup_params(R.fold_in(step_key, R.name_to_int("mixup")), 8, alpha=0.4, per_sample=per_sample)
     assert torch.equal(state.algos["mixup"], expected.mixing)
-    assert torch.equal(ctx.scratch["mixup"], expected.indices)
+    assert torch.equal(ctx.scratch["mixup"].indices, expected.indices)
+    assert torch.equal(ctx.scratch["mixup"].mixing, expected.mixing)
     assert state.algos["mixup"].shape == ((8,) if per_sample else ())
 
 

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
-from composer_fn.algorithms import _augment_ops as ops
+from composer_fn.algorithms import _augment as ops
 from composer_fn.algorithms.randaugment import (
     RandAugment,
     RandAugmentParams,

@@ -126,7 +126,7 @@ class RecordClosure(Algorithm):
     algorithm_name = "record_closure"
     requires = frozenset({"loss_closure"})
 
-    def traced_hooks(self):
+    def traced_hooks(self, plan_key=()):
         return {Event.AFTER_BACKWARD: self._record}
 
     def _record(self, state: State, ctx: StepCtx):

@@ -17,11 +17,13 @@ from composer_fn.algorithms.seq_length_warmup import (
 )
 from composer_fn.core import random as R
 from composer_fn.core.algorithm import algorithm_from_config
-from composer_fn.core.engine import dry_run, make_plan, run_event
+from composer_fn.core.engine import make_plan, run_event
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, StepCtx
 from composer_fn.core.time import Time, Timestamp, TimeUnit
+from composer_fn.dry_run import dry_run
 from composer_fn.testing import CHECKS, check_compiled_matches_eager
+from composer_fn.testing.settings import settings_for
 
 seeds = st.integers(0, 2**31 - 1)
 
@@ -360,7 +362,7 @@ def test_the_traced_hook_sets_the_length_of_its_plan_key() -> None:
     expected = set_batch_sequence_length(batch, 24, truncate=False)
     assert all(torch.equal(a, b) for a, b in zip(ctx.batch, expected, strict=True))
     with pytest.raises(TypeError, match="plan_key"):
-        algorithm.traced_hooks_at("24")
+        algorithm.traced_hooks("24")
 
 
 def test_a_run_compiles_one_step_per_distinct_length() -> None:
@@ -373,9 +375,9 @@ def test_a_run_compiles_one_step_per_distinct_length() -> None:
 
 def test_the_record_declares_its_name_modality_and_event() -> None:
     algorithm = SeqLengthWarmup()
-    assert algorithm.name == "seq_length_warmup" and algorithm.modality == "tokens"
+    assert algorithm.name == "seq_length_warmup" and settings_for(algorithm).modality == "tokens"
     assert set(algorithm.traced_hooks()) == {Event.AFTER_DATALOADER} and not algorithm.host_hooks()
-    assert not algorithm.stochastic
+    assert not settings_for(algorithm).stochastic(algorithm)
 
 
 # -- the contract suite, with warm-ups that change the length within its three steps ----------------------

@@ -28,9 +28,8 @@ from composer_fn.core.engine import check_surgery_conflicts
 from composer_fn.core.event import Event
 from composer_fn.core.time import Timestamp
 from composer_fn.data import TensorLoader
-from composer_fn.models._build import materialise
-from composer_fn.models.keyed import forward_key_names, forward_keys
 from composer_fn.models.resnet import BasicBlock, CIFARResNet
+from composer_fn.nn import forward_key_names, forward_keys, materialise
 from composer_fn.optim import sgd
 from composer_fn.trainer import Trainer
 

@@ -13,11 +13,12 @@ from hypothesis import strategies as st
 from torch import nn
 
 from composer_fn.core import random as rng
-from composer_fn.core.algorithm import Algorithm, Hook, HostHook
-from composer_fn.core.engine import DryRun, Plan, dry_run, make_plan, run_event, run_host_event
+from composer_fn.core.algorithm import Algorithm, Capabilities, Hook, HostHook
+from composer_fn.core.engine import Plan, make_plan, run_event, run_host_event
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx
 from composer_fn.core.time import Timestamp
+from composer_fn.dry_run import DryRun, dry_run
 
 # ----------------------------------------------------------------------------------------------- test algorithms
 
@@ -62,8 +63,11 @@ class Recorder(Algorithm):
     def salt(self) -> int:
         return sum(self.name.encode()) % 97 + 1
 
-    def traced_hooks(self) -> Mapping[Event, Hook]:
+    def traced_hooks(self, plan_key: Hashable = ()) -> Mapping[Event, Hook]:
         return {e: _traced_recorder(self.name, self.salt) for e in self.hooked if e.traced}
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(interpolates_loss=self.interpolate_loss)
 
     def host_hooks(self) -> Mapping[Event, HostHook]:
         return {e: _host_recorder(self.name, self.salt) for e in self.hooked if not e.traced}
@@ -532,10 +536,7 @@ class Scaler(Algorithm):
     def plan_key(self, timestamp: Timestamp, meta: BatchMeta | None = None) -> Hashable:
         return 1 + timestamp.batch % 3 + (meta.input_shape[-1] if meta is not None and meta.input_shape else 0)
 
-    def traced_hooks(self) -> Mapping[Event, Hook]:
-        return {Event.BEFORE_FORWARD: self._scale_by(1)}
-
-    def traced_hooks_at(self, plan_key: Hashable) -> Mapping[Event, Hook]:
+    def traced_hooks(self, plan_key: Hashable = 1) -> Mapping[Event, Hook]:
         assert isinstance(plan_key, int)
         return {Event.BEFORE_FORWARD: self._scale_by(plan_key)}
 
@@ -556,16 +557,19 @@ def test_traced_hooks_are_resolved_for_the_plan_key_of_the_batch(batch: int, wid
     assert torch.equal(out.batch, torch.full((2,), float(1 + batch % 3 + width)))
 
 
-def test_a_plan_key_that_changes_the_hooked_events_is_an_error() -> None:
+@given(batch=st.integers(0, 20))
+def test_a_plan_key_may_change_which_events_are_hooked(batch: int) -> None:
     @dataclass(frozen=True)
     class Shifty(Scaler):
         algorithm_name = "engine_spec_shifty"
 
-        def traced_hooks_at(self, plan_key: Hashable) -> Mapping[Event, Hook]:
-            return {Event.AFTER_FORWARD: self._scale_by(2)}
+        def traced_hooks(self, plan_key: Hashable = 1) -> Mapping[Event, Hook]:
+            event = Event.AFTER_FORWARD if plan_key == 2 else Event.BEFORE_FORWARD
+            return {event: self._scale_by(2)}
 
-    with pytest.raises(ValueError, match="not which events"):
-        make_plan([Shifty()], timestamp=Timestamp(batch=5))
+    plan = make_plan([Shifty()], timestamp=Timestamp(batch=batch))
+    hooked = Event.AFTER_FORWARD if batch % 3 == 1 else Event.BEFORE_FORWARD
+    assert [event for event, _ in plan.order] == [hooked]
 
 
 def test_dry_run_counts_one_compiled_step_per_distinct_plan_key() -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from composer_fn.core.algorithm import Algorithm
+from composer_fn.core.algorithm import Algorithm, Capabilities
 from composer_fn.core.event import Event
 from composer_fn.core.passes import (
     DEFAULT_CHECKS,
@@ -29,6 +29,9 @@ class _Placed(Algorithm):
     """A test-only algorithm with no hooks; subclasses below differ by name and placement."""
 
     interpolate_loss: bool = False
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(interpolates_loss=self.interpolate_loss)
 
 
 def _placed(label: str, placement: Literal["any", "first", "last"] = "any") -> type[_Placed]:
@@ -159,7 +162,7 @@ def test_loss_interpolation_check_speaks_only_when_two_or_more_interpolate(
 ) -> None:
     flags = data.draw(st.lists(st.booleans(), min_size=len(algorithms), max_size=len(algorithms)))
     algorithms = [type(a)(interpolate_loss=flag) for a, flag in zip(algorithms, flags, strict=True)]
-    interpolating = [a.name for a in algorithms if a.interpolates_loss]
+    interpolating = [a.name for a in algorithms if a.capabilities().interpolates_loss]
     messages = check_multiple_loss_interpolation(algorithms, event)
     if len(interpolating) < 2:
         assert messages == ()

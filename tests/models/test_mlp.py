@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 from composer_fn.core import random as R
-from composer_fn.models.keyed import KeyedDropout
 from composer_fn.models.mlp import MLP
+from composer_fn.nn import KeyedDropout
 
 
 def test_by_default_there_is_no_dropout() -> None:

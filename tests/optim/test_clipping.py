@@ -235,7 +235,7 @@ def test_thresholds_must_be_finite_and_positive(make, argument, value) -> None:
 def test_bad_arguments_name_the_argument_and_value() -> None:
     with pytest.raises(TypeError, match="max_norm must be a real number .*'1'"):
         clip_by_global_norm("1")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="eps must be >= 0, got -0.1"):
+    with pytest.raises(ValueError, match="eps=-0.1 must be a finite number >= 0"):
         adaptive_clip(0.01, eps=-0.1)
     with pytest.raises(ValueError, match="params=None: adaptive_clip"):
         adaptive_clip(0.01).update({"w": torch.ones(2)}, EmptyState(), None)

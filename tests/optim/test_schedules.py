@@ -447,13 +447,13 @@ def test_a_resolved_schedule_compiles_without_graph_breaks(schedule: object) -> 
         (lambda: ConstantScheduler(alpha=-0.5), "alpha=-0.5"),
         (lambda: LinearScheduler(alpha_f=float("nan")), "alpha_f=nan"),
         (lambda: CosineAnnealingScheduler(alpha_f=-1.0), "alpha_f=-1.0"),
-        (lambda: LinearScheduler(t_max="100sp"), "t_max='100sp'.*expected ba, ep or dur"),
-        (lambda: CosineAnnealingScheduler(t_max="10 epochs"), "'10 epochs' is not a time string"),
+        (lambda: LinearScheduler(t_max="100sp"), "t_max='100sp' must be a time string in ba, ep, dur"),
+        (lambda: CosineAnnealingScheduler(t_max="10 epochs"), "t_max='10 epochs' must be a time string"),
         (lambda: LinearWithWarmupScheduler(t_warmup="20ba", t_max="10ba"), "t_warmup='20ba'.*t_max='10ba'"),
         (lambda: CosineAnnealingWithWarmupScheduler(t_warmup="1.5dur"), "t_warmup='1.5dur'"),
         (lambda: ConstantWithWarmupScheduler(t_warmup="1tok"), "t_warmup='1tok'"),
-        (lambda: StepScheduler(step_size="10sp"), "step_size='10sp'.*expected ba, ep or dur"),
-        (lambda: StepScheduler(step_size="1ep", gamma=-0.1), "gamma=-0.1.*expected a finite float >= 0"),
+        (lambda: StepScheduler(step_size="10sp"), "step_size='10sp' must be a time string in ba, ep, dur"),
+        (lambda: StepScheduler(step_size="1ep", gamma=-0.1), "gamma=-0.1 must be a finite number >= 0"),
         (lambda: MultiStepScheduler(milestones=["10ba", "3tok"]), r"milestones\[1\]='3tok'"),
         (lambda: MultiStepScheduler(milestones=["10ba"], gamma=float("nan")), "gamma=nan"),
         (lambda: ExponentialScheduler(gamma=float("inf")), "gamma=inf"),
@@ -461,10 +461,10 @@ def test_a_resolved_schedule_compiles_without_graph_breaks(schedule: object) -> 
         (lambda: CosineAnnealingWarmRestartsScheduler(t_0="1tok"), "t_0='1tok'"),
         (
             lambda: CosineAnnealingWarmRestartsScheduler(t_0="10ba", t_mult=0.5),
-            "t_mult=0.5.*expected a finite float >= 1",
+            "t_mult=0.5 must be a finite number >= 1",
         ),
         (lambda: CosineAnnealingWarmRestartsScheduler(t_0="10ba", alpha_f=-1), "alpha_f=-1"),
-        (lambda: PolynomialScheduler(power=-1.0), "power=-1.0.*expected a finite float >= 0"),
+        (lambda: PolynomialScheduler(power=-1.0), "power=-1.0 must be a finite number >= 0"),
         (lambda: PolynomialScheduler(power=2.0, t_max="2sp"), "t_max='2sp'"),
         (lambda: PolynomialWithWarmupScheduler(t_warmup="2ep", t_max="1ep"), "t_warmup='2ep'.*t_max='1ep'"),
         (lambda: PolynomialWithWarmupScheduler(t_warmup="1ba", power=float("inf")), "power=inf"),
@@ -479,15 +479,15 @@ def test_bad_hyperparameters_raise_value_errors_naming_them(make: object, messag
 
 
 def test_bad_hyperparameter_types_raise_type_errors() -> None:
-    with pytest.raises(TypeError, match="t_max=100"):
+    with pytest.raises(TypeError, match="t_max must be a Time or a time string.* 100"):
         LinearScheduler(t_max=100)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="alpha='1'"):
+    with pytest.raises(TypeError, match="alpha must be a real number.*'1'"):
         ConstantScheduler(alpha="1")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="scale_warmup=1"):
         LinearWithWarmupScheduler(t_warmup="1ba", scale_warmup=1)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="milestones='10ba'.*expected a list or tuple"):
+    with pytest.raises(TypeError, match="milestones must be a list or tuple.*'10ba'"):
         MultiStepScheduler(milestones="10ba")
-    with pytest.raises(TypeError, match="gamma='0.1'"):
+    with pytest.raises(TypeError, match="gamma must be a real number.*'0.1'"):
         StepScheduler(step_size="1ep", gamma="0.1")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="scale_warmup=0"):
         MultiStepWithWarmupScheduler(t_warmup="1ba", milestones=[], scale_warmup=0)  # type: ignore[arg-type]

@@ -27,12 +27,12 @@ class RecordDraws(Algorithm):
     def init(self, static, state):
         return {"indices": torch.zeros(8, dtype=torch.int64), "input": torch.zeros(8, 3, 8, 8)}
 
-    def traced_hooks(self):
+    def traced_hooks(self, plan_key=()):
         return {Event.BEFORE_LOSS: self._record}
 
     def _record(self, state: State, ctx: StepCtx):
-        record = {"indices": ctx.scratch["mixup"], "input": ctx.batch[0].detach()}
-        return state.replace(algos={**state.algos, self.name: record}), ctx
+        record = {"indices": ctx.scratch["mixup"].indices, "input": ctx.batch[0].detach()}
+        return state.with_algo(self.name, record), ctx
 
 
 def _one_step(algorithms, compile_backend=None):

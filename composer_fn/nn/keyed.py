@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from composer_fn.core import random as R
+from composer_fn.core.validate import probability
 
 __all__ = ["FORWARD_KEY", "KeyedDropout", "register_forward_key", "forward_key_names", "forward_keys"]
 
@@ -41,16 +42,14 @@ class KeyedDropout(nn.Dropout):
 
     In training, each element is kept with probability ``1 - p`` and scaled by ``1 / (1 - p)``; the keep mask
     is ``uniform(forward_key, input.shape) >= p``. The training step fills ``forward_key`` with a fresh key
-    each step (``composer_fn.models.keyed``); a plain call sees the stored key, so repeated calls draw the same
+    each step (see the module docstring); a plain call sees the stored key, so repeated calls draw the same
     mask. In evaluation it is the identity.
     """
 
     forward_key: Tensor
 
     def __init__(self, p: float = 0.5) -> None:
-        if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
-            raise ValueError(f"p={p!r} must be a probability in [0, 1]")
-        super().__init__(float(p))
+        super().__init__(probability("p", p))
         register_forward_key(self)
 
     def forward(self, input: Tensor) -> Tensor:

@@ -1,4 +1,8 @@
-"""Keyed parameter initialisation that reproduces PyTorch's defaults without its global random state."""
+"""Keyed parameter initialisation that reproduces PyTorch's defaults without its global random state.
+
+``init_parameters`` draws a module's parameter values from a key; ``materialise`` builds a module that was
+constructed on the meta device (so that it drew nothing from PyTorch's global generator) with those values.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,11 @@ import math
 import torch
 from torch import Tensor, nn
 
+from composer_fn.core import random as R
 from composer_fn.core.random import Key, fold_in, name_to_int, normal, uniform
+from composer_fn.nn.keyed import FORWARD_KEY
 
-__all__ = ["init_parameters"]
+__all__ = ["init_parameters", "materialise", "require_key"]
 
 _NEGATIVE_SLOPE = math.sqrt(5)
 
@@ -38,8 +44,7 @@ def init_parameters(module: nn.Module, key: Key) -> dict[str, Tensor]:
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"module={type(module).__name__} must be a torch.nn.Module")
-    if not isinstance(key, Tensor) or key.dtype != torch.int64 or key.shape != (2,):
-        raise ValueError(f"key={key!r} must be one key: an int64 tensor of shape [2], e.g. key(0)")
+    key = require_key(key)
     result: dict[str, Tensor] = {}
     with torch.no_grad():
         for name, parameter in module.named_parameters():
@@ -48,6 +53,40 @@ def init_parameters(module: nn.Module, key: Key) -> dict[str, Tensor]:
             parameter_key = fold_in(key.to(parameter.device), name_to_int(name))
             result[name] = _initial_value(owner, attribute, parameter, parameter_key)
     return result
+
+
+def materialise(module: nn.Module, parameter_key: Key) -> nn.Module:
+    """Returns ``module``, built on the meta device, moved to the CPU with ``init_parameters(module, key)``.
+
+    PyTorch layers draw their initial weights from the global generator as they are built. Built on the meta
+    device they draw nothing, and the values are filled in here from the key instead. Normalisation
+    statistics are reset and random layers' ``forward_key`` buffers set to ``key(0)``; any other buffer would hold
+    uninitialised memory, so it is refused.
+    """
+    module.to_empty(device="cpu")
+    for owner_name, owner in module.named_modules():
+        buffers = [name for name, _ in owner.named_buffers(recurse=False) if name != FORWARD_KEY]
+        if FORWARD_KEY in owner._buffers:
+            # A random layer's key buffer: the training step fills it each forward; its stored value is key(0).
+            owner._buffers[FORWARD_KEY] = R.key(0)
+        if isinstance(owner, nn.modules.batchnorm._NormBase):
+            owner.reset_running_stats()
+        elif buffers:
+            raise TypeError(
+                f"module {owner_name!r} ({type(owner).__name__}) has buffers {buffers} to initialise"
+            )
+    values = init_parameters(module, parameter_key)
+    with torch.no_grad():
+        for name, parameter in module.named_parameters():
+            parameter.copy_(values[name])
+    return module
+
+
+def require_key(key: object, argument: str = "key") -> Key:
+    """Returns ``key`` if it is one key (an int64 tensor of shape [2]); raises ValueError naming ``argument``."""
+    if not isinstance(key, Tensor) or key.dtype != torch.int64 or key.shape != (2,):
+        raise ValueError(f"{argument}={key!r} must be one key: an int64 tensor of shape [2], e.g. key(0)")
+    return key
 
 
 def _initial_value(owner: nn.Module, attribute: str, parameter: Tensor, parameter_key: Key) -> Tensor:

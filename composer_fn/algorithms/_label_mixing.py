@@ -1,0 +1,124 @@
+"""The base of MixUp and CutMix: each example is mixed with a partner from a permutation of the batch, and its
+target (or its loss) with the partner's, by the weight the mixing gave.
+
+A record draws its Beta variates on the host at BATCH_START from the step's key and hands them to the traced
+step in ``State.algos[name]`` (0-d, or one per example). At BEFORE_FORWARD the traced step pairs the examples
+from the same key, mixes the inputs and keeps the pairing in ``StepCtx.scratch[name]``; at BEFORE_LOSS it
+mixes the targets, or at BEFORE_BACKWARD it interpolates the loss with the loss of the partners' targets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from typing import Generic, Protocol, TypeVar
+
+import torch
+from torch import Tensor
+
+from composer_fn.core import random as R
+from composer_fn.core import validate
+from composer_fn.core.algorithm import Algorithm, Capabilities, Hook, HostHook
+from composer_fn.core.event import Event
+from composer_fn.core.state import BatchMeta, State, Static, StepCtx, batch_get, batch_set
+from composer_fn.core.time import Timestamp
+
+__all__ = ["LabelMixing", "Pairing"]
+
+
+class Pairing(Protocol):
+    """The traced draws of one mixing: at least the permutation that gives each example its partner."""
+
+    @property
+    def indices(self) -> Tensor:
+        """Returns the permutation: example ``b``'s partner is example ``indices[b]``."""
+        ...
+
+
+_P = TypeVar("_P", bound=Pairing)
+
+
+class LabelMixing(Algorithm, Generic[_P]):
+    """Base record of the label-mixing algorithms (see the module docstring); subclasses are frozen dataclasses
+    with the fields below and say how to draw, pair and mix."""
+
+    alpha: float
+    interpolate_loss: bool
+    per_sample: bool
+    input_key: int | str
+    target_key: int | str
+
+    def __post_init__(self) -> None:
+        validate.real("alpha", self.alpha, minimum=0.0, hint="the Beta(α, α) concentration")
+        if self.per_sample and self.interpolate_loss:
+            raise ValueError(
+                "per_sample=True with interpolate_loss=True: a per-example weight cannot interpolate the "
+                "batch-mean loss; use interpolate_loss=False (mixed targets) or per_sample=False"
+            )
+
+    def draw(self, key: R.HostKey, batch_size: int | None) -> Tensor:
+        """Returns the host draws of a batch from ``key``: float32, 0-d, or ``[batch_size]`` per example."""
+        raise NotImplementedError
+
+    def mix_inputs(self, key: R.Key, input: Tensor, draws: Tensor) -> tuple[Tensor, _P]:
+        """Returns the mixed inputs and the pairing drawn from ``key``, given the host ``draws``."""
+        raise NotImplementedError
+
+    def mix_targets(self, target: Tensor, input: Tensor, pairing: _P, num_classes: int) -> Tensor:
+        """Returns the targets mixed as the (mixed) ``input`` was."""
+        raise NotImplementedError
+
+    def mix_losses(self, loss: Tensor, partner_loss: Tensor, pairing: _P) -> Tensor:
+        """Returns the loss interpolated with ``partner_loss``, the loss against the partners' targets."""
+        raise NotImplementedError
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(interpolates_loss=self.interpolate_loss)
+
+    def init(self, static: Static, state: State) -> Tensor:
+        # Per-example draws live in the state only from BATCH_START to the step; at rest the entry is empty, so
+        # a checkpoint has the same shape whatever the batch size.
+        shape = (0,) if self.per_sample else ()
+        return torch.zeros(shape, dtype=torch.float32, device=state.step.device)
+
+    def host_hooks(self) -> Mapping[Event, HostHook]:
+        return {Event.BATCH_START: self._draw}
+
+    def traced_hooks(self, plan_key: Hashable = ()) -> Mapping[Event, Hook]:
+        late = Event.BEFORE_BACKWARD if self.interpolate_loss else Event.BEFORE_LOSS
+        return {
+            Event.BEFORE_FORWARD: self._mix_inputs,
+            late: self._mix_loss if self.interpolate_loss else self._mix_targets,
+        }
+
+    def _draw(
+        self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
+    ) -> tuple[Static, State]:
+        if self.per_sample and meta is None:
+            raise ValueError(
+                f"{type(self).__name__}(per_sample=True) needs the batch size at BATCH_START (BatchMeta)"
+            )
+        step_key = R.host_fold_in(R.host_key(static.seed), timestamp.batch)
+        size = meta.batch_size if self.per_sample and meta is not None else None
+        drawn = self.draw(R.host_algorithm_key(step_key, self.name), size)
+        return static, state.with_algo(self.name, drawn.to(state.step.device, non_blocking=True))
+
+    def _mix_inputs(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+        input = batch_get(ctx.batch, self.input_key)
+        draws = state.algos[self.name]
+        mixed, pairing = self.mix_inputs(R.algorithm_key(ctx.key, self.name), input, draws)
+        if self.per_sample:
+            state = state.with_algo(self.name, draws.new_zeros(0))
+        return state, ctx.with_scratch(self.name, pairing, batch=batch_set(ctx.batch, self.input_key, mixed))
+
+    def _mix_targets(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+        target = batch_get(ctx.batch, self.target_key)
+        input = batch_get(ctx.batch, self.input_key)
+        mixed = self.mix_targets(target, input, ctx.scratch[self.name], ctx.outputs.shape[1])
+        return state, ctx.replace(batch=batch_set(ctx.batch, self.target_key, mixed))
+
+    def _mix_loss(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
+        pairing: _P = ctx.scratch[self.name]
+        target = batch_get(ctx.batch, self.target_key)
+        partners = batch_set(ctx.batch, self.target_key, target[pairing.indices])
+        assert ctx.loss is not None
+        return state, ctx.replace(loss=self.mix_losses(ctx.loss, ctx.loss_fn(ctx.outputs, partners), pairing))

@@ -1,0 +1,200 @@
+"""Low-rank factorizations of a layer's weight: the truncated SVD, and Composer's data-driven solvers that refit
+the two factors by least squares on the layer's inputs and outputs."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from composer_fn.core import validate
+
+__all__ = [
+    "LowRankSolution",
+    "check_latent",
+    "conv_weight_to_matrix",
+    "factorize_conv2d",
+    "factorize_matrix",
+    "matrix_to_conv_weight",
+    "svd_factors",
+]
+
+
+class LowRankSolution(NamedTuple):
+    """A rank-``rank`` factorization ``Y ≈ (X @ Wa) @ Wb + bias`` and its normalised mean squared error.
+
+    For matrices ``Wa`` is ``[D, rank]`` and ``Wb`` ``[rank, M]``; for convolutions ``Wa`` is the ``k×k``
+    weight ``[rank, in, k_h, k_w]`` and ``Wb`` the ``1×1`` weight ``[out, rank, 1, 1]``. ``nmse`` is the mean
+    squared error of the fit divided by the variance of the outputs (0: exact; 1: no better than their mean).
+    """
+
+    Wa: Tensor
+    Wb: Tensor
+    bias: Tensor | None
+    rank: int
+    nmse: float
+
+
+def check_latent(name: str, latent: Any) -> None:
+    """Raises ValueError unless ``latent`` is a width (an int >= 1) or a fraction of a width (a float in (0, 1))."""
+    width = validate.is_integer(latent) and latent >= 1
+    if not width and not (isinstance(latent, float) and 0.0 < latent < 1.0):
+        raise ValueError(
+            f"{name}={latent!r} must be an int >= 1 or a float in (0, 1) (a fraction of the width)"
+        )
+
+
+def svd_factors(matrix: Tensor, rank: int) -> tuple[Tensor, Tensor]:
+    """Returns ``(A [D, rank], B [rank, M])`` with ``A @ B`` the best rank-``rank`` approximation of ``matrix``."""
+    # Float64 keeps a full-rank factorization within rounding of the original in float32.
+    u, s, vh = torch.linalg.svd(matrix.to(torch.float64), full_matrices=False)
+    root = s[:rank].sqrt()
+    # Equal scaling of both factors keeps their magnitudes alike, which gradient descent prefers.
+    first = u[:, :rank] * root
+    second = root[:, None] * vh[:rank]
+    return first.to(matrix.dtype), second.to(matrix.dtype)
+
+
+def conv_weight_to_matrix(weight: Tensor) -> Tensor:
+    """Returns the convolution weight ``[out, in, k_h, k_w]`` as the matrix ``[in · k_h · k_w, out]``."""
+    return weight.reshape(weight.shape[0], -1).T
+
+
+def matrix_to_conv_weight(matrix: Tensor, kernel: tuple[int, ...]) -> Tensor:
+    """Returns the matrix ``[in · k_h · k_w, out]`` as a contiguous convolution weight ``[out, in, k_h, k_w]``."""
+    weight = matrix.T
+    return weight.reshape(weight.shape[0], -1, *kernel).contiguous()
+
+
+def _lstsq(a: Tensor, b: Tensor) -> Tensor:
+    return torch.linalg.lstsq(a, b).solution
+
+
+def factorize_matrix(
+    X: Tensor,
+    Y: Tensor,
+    Wa: Tensor,
+    Wb: Tensor | None = None,
+    bias: Tensor | None = None,
+    rank: int | float = 0.25,
+    n_iters: int = 3,
+) -> LowRankSolution:
+    """Returns the rank-``rank`` factorization ``(Wa', Wb', bias')`` that fits ``Y`` from ``X`` in least squares.
+
+    ``X [N, D]`` are inputs, ``Y [N, M]`` the layer's outputs on them; the layer is ``Wa [D, M]`` (or an
+    earlier factorization ``Wa [D, d] @ Wb [d, M]``) plus ``bias [M]``. The factors start from the truncated SVD
+    of ``Wa (@ Wb)`` and then alternate ``n_iters`` least-squares updates of ``Wb'`` and ``Wa'`` (Composer's
+    solver); ``bias'`` absorbs the mean residual. ``rank`` is an int, or a float in (0, 1): a fraction of ``D``
+    (capped at the current rank). At full rank the solution reproduces ``Y``.
+    """
+    if X.dim() != 2 or Y.dim() != 2 or X.shape[0] != Y.shape[0]:
+        raise ValueError(
+            f"X {tuple(X.shape)} and Y {tuple(Y.shape)} must be matrices with the same number of rows"
+        )
+    validate.integer("n_iters", n_iters, minimum=0)
+    weight = Wa.detach() if Wb is None else Wa.detach() @ Wb.detach()
+    if weight.shape != (X.shape[1], Y.shape[1]):
+        raise ValueError(
+            f"Wa {tuple(Wa.shape)}{'' if Wb is None else f' @ Wb {tuple(Wb.shape)}'} must map X's "
+            f"{X.shape[1]} columns to Y's {Y.shape[1]}"
+        )
+    check_latent("rank", rank)
+    current = Wa.shape[1] if Wb is not None else min(weight.shape)
+    k = min(int(rank * X.shape[1]), current) if isinstance(rank, float) else rank
+    k = max(k, 1)
+    if k > min(current, *weight.shape):
+        raise ValueError(f"rank={rank!r} gives {k}, above the current rank {min(current, *weight.shape)}")
+    dtype = X.dtype
+    x, y = X.detach().to(torch.float64), Y.detach().to(torch.float64)
+    target = y - bias.detach().to(torch.float64) if bias is not None else y
+    first, second = svd_factors(weight.to(torch.float64), k)
+    # Least squares of the outputs on the inputs, solved once: the targets of every Wa update.
+    coefficients = _lstsq(x, target)
+    for _ in range(n_iters):
+        second = _lstsq(x @ first, target)
+        first = _lstsq(second.T, coefficients.T).T
+    fitted = (x @ first) @ second
+    new_bias = (target - fitted).mean(dim=0)
+    if bias is not None:
+        new_bias = new_bias + bias.detach().to(torch.float64)
+    residual = y - (fitted + new_bias)
+    error, variance = float((residual * residual).mean()), float(y.var()) if y.numel() > 1 else 0.0
+    nmse = error / variance if variance > 0 else error
+    return LowRankSolution(first.to(dtype), second.to(dtype), new_bias.to(dtype), k, nmse)
+
+
+def factorize_conv2d(
+    X: Tensor,
+    Wa: Tensor,
+    Wb: Tensor | None = None,
+    rank: int | float = 0.25,
+    biasA: Tensor | None = None,
+    biasB: Tensor | None = None,
+    n_iters: int = 3,
+    **conv2d_kwargs: Any,
+) -> LowRankSolution:
+    """Returns the ``k×k`` then ``1×1`` factorization of a convolution fitted on inputs ``X [N, in, H, W]``.
+
+    The convolution is ``Wa [out, in, k_h, k_w]`` plus ``biasA [out]``, or an earlier factorization ``Wa [d,
+    in, k_h, k_w]`` (+ ``biasA [d]``) followed by ``Wb [out, d, 1, 1]`` (+ ``biasB [out]``). Every ``k×k``
+    input patch is a row of the least-squares problem of ``factorize_matrix``. ``conv2d_kwargs`` are the
+    convolution's ``padding``, ``dilation``, ``padding_mode`` and ``groups`` (1 only); its ``stride`` is
+    accepted and ignored, as in Composer: every position supplies a row. ``rank`` as a fraction is of
+    ``in · k_h · k_w``. The solution holds ``Wa [rank, in, k_h, k_w]``, ``Wb [out, rank, 1, 1]`` and the bias.
+    """
+    unknown = set(conv2d_kwargs) - {"padding", "dilation", "padding_mode", "groups", "stride"}
+    if unknown:
+        raise TypeError(f"factorize_conv2d got unknown convolution arguments {sorted(unknown)}")
+    if conv2d_kwargs.get("groups", 1) != 1:
+        raise ValueError(f"groups={conv2d_kwargs['groups']!r}: grouped convolutions cannot be factorized")
+    if biasB is not None and Wb is None:
+        raise ValueError("biasB was given without Wb: a second bias needs a second convolution")
+    if X.dim() != 4 or Wa.dim() != 4 or X.shape[1] != Wa.shape[1]:
+        raise ValueError(
+            f"X {tuple(X.shape)} and Wa {tuple(Wa.shape)} must be [N, in, H, W] and [out, in, k_h, k_w]"
+        )
+    kernel = tuple(Wa.shape[2:])
+    patches = _patches(
+        X.detach(), kernel, **{k: v for k, v in conv2d_kwargs.items() if k not in ("groups", "stride")}
+    )
+    first = conv_weight_to_matrix(Wa.detach())
+    first_bias = None if biasA is None else biasA.detach()
+    outputs = _plus(patches @ first, first_bias)
+    # The constant the layer adds to every output: it is taken out before the fit, so a full-rank
+    # factorization reproduces the outputs exactly.
+    bias = first_bias
+    second = None
+    if Wb is not None:
+        second = conv_weight_to_matrix(Wb.detach())
+        second_bias = None if biasB is None else biasB.detach()
+        outputs = _plus(outputs @ second, second_bias)
+        bias = second_bias if first_bias is None else _plus(first_bias @ second, second_bias)
+    solution = factorize_matrix(patches, outputs, first, second, bias, rank, n_iters)
+    return solution._replace(
+        Wa=matrix_to_conv_weight(solution.Wa, kernel), Wb=matrix_to_conv_weight(solution.Wb, (1, 1))
+    )
+
+
+def _plus(a: Tensor, b: Tensor | None) -> Tensor:
+    """Returns ``a + b``, or ``a`` without ``b``."""
+    return a if b is None else a + b
+
+
+def _patches(
+    images: Tensor,
+    kernel: tuple[int, ...],
+    padding: int | tuple[int, int] | str = 0,
+    dilation: int | tuple[int, int] = 1,
+    padding_mode: str = "zeros",
+) -> Tensor:
+    """Returns every ``k×k`` input patch (at stride 1) as a row ``[N · positions, in · k_h · k_w]``."""
+    if isinstance(padding, str):
+        raise ValueError(f"padding={padding!r}: give the padding in pixels (an int or a pair)")
+    pad = (padding, padding) if isinstance(padding, int) else tuple(padding)
+    if padding_mode != "zeros" and any(pad):
+        images = F.pad(images, (pad[1], pad[1], pad[0], pad[0]), mode=padding_mode)
+        pad = (0, 0)
+    unfolded = F.unfold(images, kernel_size=kernel, dilation=dilation, padding=pad)
+    return unfolded.transpose(1, 2).reshape(-1, unfolded.shape[1])

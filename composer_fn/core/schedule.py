@@ -1,0 +1,126 @@
+"""The run schedule: the one place that says in which order a training run's events and actions happen.
+
+``run_schedule`` is a pure generator of ``(what, timestamp)`` ticks in Composer's order: ``what`` is an
+``Event`` (the trainer runs its host hooks and callbacks) or an ``Action`` (the trainer's own work: the traced
+step, logging, evaluation, a checkpoint). The consumer reports what happened by ``send``: ``EXHAUSTED`` at
+``BEFORE_DATALOADER`` when the loader has no batch left (the epoch ends early), the batch's ``Progress`` at
+``Action.STEP`` (a plain ``for`` loop sends nothing: each batch then counts ``batch_size`` samples).
+``Trainer.fit``, ``composer_fn.dry_run`` and the contract suite all drive it, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from enum import Enum
+
+from composer_fn.core.event import Event
+from composer_fn.core.time import Time, Timestamp, TimeUnit
+
+__all__ = ["Action", "Progress", "EXHAUSTED", "Tick", "run_schedule", "next_tick"]
+
+
+class Action(str, Enum):
+    """What the trainer does between events, when the schedule says."""
+
+    STEP = "step"
+    """The traced step on the batch: AFTER_DATALOADER through AFTER_OPTIMIZER_STEP."""
+    LOG = "log"
+    """Log the training metrics (at the log interval and after the last batch)."""
+    EVALUATE = "evaluate"
+    """Evaluate (at the eval interval, and at the end unless just done)."""
+    SAVE = "save"
+    """Write a checkpoint (at the save interval, and at the end unless just done)."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What one batch added to the run's counters."""
+
+    samples: int
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+EXHAUSTED = "exhausted"
+"""Sent at ``BEFORE_DATALOADER`` when the loader has no batch left in the epoch."""
+
+Tick = tuple[Event | Action, Timestamp]
+
+
+def _every(interval: Time | None, unit: TimeUnit) -> int:
+    return int(interval.value) if interval is not None and interval.unit is unit else 0
+
+
+def run_schedule(
+    max_steps: int,
+    steps_per_epoch: int,
+    *,
+    start: Timestamp | None = None,
+    eval_interval: Time | None = None,
+    save_interval: Time | None = None,
+    log_interval: Time | None = None,
+    final_eval: bool = False,
+    final_save: bool = False,
+    batch_size: int = 1,
+) -> Generator[Tick, Progress | str | None, Timestamp]:
+    """Yields the ticks of a run of ``max_steps`` batches from ``start``; returns the final timestamp.
+
+    Intervals are in batches or epochs (None: never). With ``final_eval``/``final_save`` the run also evaluates
+    and saves at its end, unless it just did at that batch. A run that
+    reaches ``max_steps`` mid-epoch ends that epoch without EPOCH_END, as Composer does; a run resumed after an
+    epoch's last batch goes straight to that epoch's end.
+    """
+    if steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch={steps_per_epoch!r} must be a positive number of batches")
+    timestamp = start if start is not None else Timestamp().with_max_duration(Time(max_steps, TimeUnit.BATCH))
+    log_batches = _every(log_interval, TimeUnit.BATCH)
+    eval_batches, eval_epochs = _every(eval_interval, TimeUnit.BATCH), _every(eval_interval, TimeUnit.EPOCH)
+    save_batches, save_epochs = _every(save_interval, TimeUnit.BATCH), _every(save_interval, TimeUnit.EPOCH)
+    evaluated = saved = -1
+    yield Event.FIT_START, timestamp
+    while timestamp.batch < max_steps:
+        if timestamp.batch_in_epoch == 0:
+            yield Event.EPOCH_START, timestamp
+        while timestamp.batch_in_epoch < steps_per_epoch and timestamp.batch < max_steps:
+            if (yield Event.BEFORE_DATALOADER, timestamp) == EXHAUSTED:
+                break
+            yield Event.BATCH_START, timestamp
+            progress = yield Action.STEP, timestamp
+            done = progress if isinstance(progress, Progress) else Progress(batch_size)
+            timestamp = timestamp.advance(done.samples, done.tokens, done.seconds)
+            if (log_batches and timestamp.batch % log_batches == 0) or timestamp.batch == max_steps:
+                yield Action.LOG, timestamp
+            yield Event.BATCH_END, timestamp
+            if eval_batches and timestamp.batch % eval_batches == 0:
+                evaluated = timestamp.batch
+                yield Action.EVALUATE, timestamp
+            yield Event.BATCH_CHECKPOINT, timestamp
+            if save_batches and timestamp.batch % save_batches == 0:
+                saved = timestamp.batch
+                yield Action.SAVE, timestamp
+        if timestamp.batch >= max_steps and timestamp.batch_in_epoch < steps_per_epoch:
+            break
+        yield Event.EPOCH_END, timestamp
+        if eval_epochs and (timestamp.epoch + 1) % eval_epochs == 0:
+            evaluated = timestamp.batch
+            yield Action.EVALUATE, timestamp
+        timestamp = timestamp.next_epoch()
+        yield Event.EPOCH_CHECKPOINT, timestamp
+        if save_epochs and timestamp.epoch % save_epochs == 0:
+            saved = timestamp.batch
+            yield Action.SAVE, timestamp
+    yield Event.FIT_END, timestamp
+    if final_eval and evaluated != timestamp.batch:
+        yield Action.EVALUATE, timestamp
+    if final_save and saved != timestamp.batch:
+        yield Action.SAVE, timestamp
+    return timestamp
+
+
+def next_tick(ticks: Generator[Tick, Progress | str | None, Timestamp], reply: Progress | str | None) -> Tick | None:
+    """Returns the schedule's next tick after sending it ``reply``, or None once the run is over."""
+    try:
+        return ticks.send(reply)
+    except StopIteration:
+        return None

@@ -1,0 +1,130 @@
+"""Argument checks shared by every public constructor: each returns the value or raises naming all three of
+the argument, the value given and what is accepted.
+
+``integer`` and ``real`` refuse ``bool`` (an ``int`` subclass that is never meant as a count or a rate);
+``real`` accepts ints and returns a float; ``time`` parses Composer's time strings.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from typing import TYPE_CHECKING, TypeGuard, TypeVar
+
+if TYPE_CHECKING:
+    from composer_fn.core.time import Time, TimeUnit
+
+__all__ = ["is_integer", "is_real", "integer", "real", "probability", "flag", "choice", "time"]
+
+_C = TypeVar("_C")
+
+
+def is_integer(value: object) -> TypeGuard[int]:
+    """Returns whether ``value`` is an int and not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_real(value: object) -> TypeGuard[int | float]:
+    """Returns whether ``value`` is an int or a float and not a bool (finite or not)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _number(value: float) -> str:
+    return str(value) if is_integer(value) else f"{value:g}"
+
+
+def _bounds(minimum: float | None, maximum: float | None, open_below: bool, open_above: bool) -> str:
+    if minimum is not None and maximum is not None:
+        low, high = _number(minimum), _number(maximum)
+        return f"in {'(' if open_below else '['}{low}, {high}{')' if open_above else ']'}"
+    if minimum is not None:
+        return f"{'>' if open_below else '>='} {_number(minimum)}"
+    if maximum is not None:
+        return f"{'<' if open_above else '<='} {_number(maximum)}"
+    return ""
+
+
+def _within(value: float, minimum: float | None, maximum: float | None, open_below: bool, open_above: bool) -> bool:
+    if minimum is not None and (value < minimum or (open_below and value == minimum)):
+        return False
+    return maximum is None or not (value > maximum or (open_above and value == maximum))
+
+
+def integer(
+    argument: str, value: object, *, minimum: int | None = None, maximum: int | None = None, hint: str = ""
+) -> int:
+    """Returns ``value`` if it is an int (not a bool) in ``[minimum, maximum]``; raises ValueError otherwise."""
+    if not is_integer(value) or not _within(value, minimum, maximum, False, False):
+        accepted = " ".join(filter(None, ("an int", _bounds(minimum, maximum, False, False))))
+        raise ValueError(f"{argument}={value!r} must be {accepted}{f' ({hint})' if hint else ''}")
+    return value
+
+
+def real(
+    argument: str,
+    value: object,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    open_below: bool = False,
+    open_above: bool = False,
+    hint: str = "",
+) -> float:
+    """Returns ``value`` as a float if it is a finite real number within the bounds; raises ValueError otherwise.
+
+    ``open_below``/``open_above`` exclude the bound itself (``minimum=0, open_below=True``: positive).
+    """
+    if (
+        not is_real(value)
+        or not math.isfinite(value)
+        or not _within(value, minimum, maximum, open_below, open_above)
+    ):
+        accepted = " ".join(filter(None, ("a finite number", _bounds(minimum, maximum, open_below, open_above))))
+        raise ValueError(f"{argument}={value!r} must be {accepted}{f' ({hint})' if hint else ''}")
+    return float(value)
+
+
+def probability(argument: str, value: object, *, hint: str = "") -> float:
+    """Returns ``value`` as a float if it is a number in [0, 1]; raises ValueError otherwise."""
+    return real(argument, value, minimum=0.0, maximum=1.0, hint=hint or "a probability")
+
+
+def flag(argument: str, value: object) -> bool:
+    """Returns ``value`` if it is a bool; raises TypeError otherwise."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{argument}={value!r} must be True or False")
+    return value
+
+
+def choice(argument: str, value: _C, accepted: Collection[_C]) -> _C:
+    """Returns ``value`` if it is one of ``accepted``; raises ValueError listing them otherwise."""
+    if isinstance(value, bool) or value not in accepted:
+        raise ValueError(f"{argument}={value!r} must be one of {', '.join(repr(a) for a in accepted)}")
+    return value
+
+
+def time(
+    argument: str, value: object, units: Collection[TimeUnit], example: str, *, number_unit: TimeUnit | None = None
+) -> Time:
+    """Returns ``value`` (a time string such as ``"0.5dur"``, or a ``Time``) if its unit is one of ``units``.
+
+    With ``number_unit``, a bare non-negative number counts in that unit (``0.1`` as ``0.1dur``). Raises
+    ValueError naming the argument, the value, the accepted units and ``example`` otherwise.
+    """
+    from composer_fn.core.time import Time
+
+    parsed: Time | None = None
+    try:
+        if isinstance(value, Time):
+            parsed = value
+        elif isinstance(value, str):
+            parsed = Time.from_timestring(value)
+        elif number_unit is not None and is_real(value):
+            parsed = Time(value, number_unit)
+    except (ValueError, TypeError):
+        parsed = None
+    if parsed is None or parsed.unit not in units or parsed.value < 0:
+        accepted = ", ".join(u.value for u in units)
+        number = f" (or a number of {number_unit.value})" if number_unit is not None else ""
+        raise ValueError(f"{argument}={value!r} must be a time string in {accepted}{number}, e.g. {example!r}")
+    return parsed

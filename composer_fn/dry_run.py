@@ -1,0 +1,126 @@
+"""The dry run: which algorithm runs at which event and step of a whole run, without training.
+
+It walks the trainer's own schedule (``composer_fn.core.schedule.run_schedule``), plans each tick as the
+trainer does, and groups identical batches and epochs into spans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from composer_fn.core.algorithm import Algorithm
+from composer_fn.core.engine import make_plan
+from composer_fn.core.event import TRAIN_STEP_EVENTS, Event
+from composer_fn.core.passes import DEFAULT_PASSES, Pass
+from composer_fn.core.schedule import Action, run_schedule
+from composer_fn.core.state import BatchMeta
+from composer_fn.core.time import Time, Timestamp, TimeUnit, to_steps
+
+__all__ = ["dry_run", "DryRun", "DryRunRow"]
+
+
+@dataclass(frozen=True)
+class DryRunRow:
+    """Which algorithms run at an event over a span of the schedule (``when`` names the span)."""
+
+    when: str
+    event: Event
+    algorithms: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """The whole schedule of a run as rows, and how many distinct traced steps it compiles."""
+
+    rows: tuple[DryRunRow, ...]
+    compiled_steps: int
+    total_steps: int
+    diagnostics: tuple[str, ...]
+
+    def format(self) -> str:
+        """Returns the schedule as an aligned text table."""
+        header = ("when", "event", "algorithms (in order)")
+        table = [header] + [(r.when, r.event.name, ", ".join(r.algorithms)) for r in self.rows]
+        widths = [max(len(row[i]) for row in table) for i in range(2)]
+        lines = [f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]}".rstrip() for row in table]
+        lines.insert(1, "-" * max(len(line) for line in lines))
+        lines.append(f"{self.total_steps} steps; {self.compiled_steps} distinct traced step(s) to compile")
+        lines.extend(f"warning: {d}" for d in self.diagnostics)
+        return "\n".join(lines)
+
+
+_EPOCH_EVENTS = frozenset({Event.EPOCH_START, Event.EPOCH_END, Event.EPOCH_CHECKPOINT})
+_BEFORE_BATCH = frozenset({Event.BEFORE_DATALOADER, Event.BATCH_START, Action.STEP})
+_BEFORE_BATCH = frozenset({Event.BEFORE_DATALOADER, Event.BATCH_START, Action.STEP})
+_Names = tuple[tuple[Event, tuple[str, ...]], ...]
+
+
+def _spans(labels: Iterable[tuple[int, Hashable]]) -> Iterator[tuple[int, int, Hashable]]:
+    start = last = -1
+    current: Hashable = None
+    for index, label in labels:
+        if start >= 0 and label == current and index == last + 1:
+            last = index
+            continue
+        if start >= 0:
+            yield start, last, current
+        start = last = index
+        current = label
+    if start >= 0:
+        yield start, last, current
+
+
+def dry_run(
+    algorithms: Sequence[Algorithm],
+    max_duration: Time | str,
+    steps_per_epoch: int,
+    *,
+    batch_size: int = 1,
+    input_shape: tuple[int, ...] = (),
+    passes: Sequence[Pass] = DEFAULT_PASSES,
+) -> DryRun:
+    """Returns which algorithm fires at which event and step over a whole run, without training.
+
+    ``input_shape`` (the shape of one batch's input) lets shape-dependent plan keys, and so the count of
+    distinct compiled steps, come out as in training.
+    """
+    if steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch={steps_per_epoch!r} must be a positive number of batches")
+    total = to_steps(max_duration, steps_per_epoch=steps_per_epoch, max_steps=0)
+    origin = Timestamp().with_max_duration(Time(total, TimeUnit.BATCH))
+    meta = BatchMeta(batch_size, tuple(input_shape))
+    opening = make_plan(algorithms, passes, origin)
+    ends: dict[str, list[DryRunRow]] = {"start": [DryRunRow("start", Event.INIT, opening.names(Event.INIT))], "end": []}
+    per_batch: dict[int, _Names] = {}
+    per_epoch: dict[int, _Names] = {}
+    diagnostics = list(opening.diagnostics)
+    step_keys = set()
+    for what, timestamp in run_schedule(total, steps_per_epoch, batch_size=batch_size):
+        if what is Action.STEP:
+            plan = make_plan(algorithms, passes, timestamp, meta=meta)
+            step_keys.add(plan.step_key)
+            diagnostics.extend(plan.diagnostics)
+            names: _Names = tuple((e, plan.names(e)) for e in TRAIN_STEP_EVENTS)
+        elif isinstance(what, Event):
+            plan = make_plan(algorithms, passes, timestamp, meta=meta if what is Event.BATCH_START else None)
+            names = ((what, plan.names(what)),)
+        else:
+            continue
+        if what is Event.FIT_START or what is Event.FIT_END:
+            when = "start" if what is Event.FIT_START else "end"
+            ends[when].append(DryRunRow(when, what, plan.names(what)))
+        elif what in _EPOCH_EVENTS:
+            # EPOCH_CHECKPOINT comes once the timestamp has moved on to the next epoch.
+            epoch = timestamp.epoch - 1 if what is Event.EPOCH_CHECKPOINT else timestamp.epoch
+            per_epoch[epoch] = per_epoch.get(epoch, ()) + names
+        else:
+            index = timestamp.batch - (0 if what in _BEFORE_BATCH else 1)
+            per_batch[index] = per_batch.get(index, ()) + names
+    rows = ends["start"]
+    for unit, labels in (("ep", per_epoch), ("ba", per_batch)):
+        for first, last, span_names in _spans(sorted(labels.items())):
+            when = f"{unit} {first}" if first == last else f"{unit} {first}-{last}"
+            rows.extend(DryRunRow(when, e, n) for e, n in span_names)  # type: ignore[attr-defined]
+    rows = [r for r in rows + ends["end"] if r.algorithms]
+    return DryRun(tuple(rows), max(len(step_keys), 1), total, tuple(dict.fromkeys(diagnostics)))

@@ -1,0 +1,24 @@
+"""What algorithms, the trainer and the models share: keyed layers, keyed initialisation, the block protocol."""
+
+from composer_fn.nn.blocks import protocol_attribute, protocol_blocks
+from composer_fn.nn.init import init_parameters, materialise, require_key
+from composer_fn.nn.keyed import (
+    FORWARD_KEY,
+    KeyedDropout,
+    forward_key_names,
+    forward_keys,
+    register_forward_key,
+)
+
+__all__ = [
+    "FORWARD_KEY",
+    "KeyedDropout",
+    "forward_key_names",
+    "forward_keys",
+    "init_parameters",
+    "materialise",
+    "protocol_attribute",
+    "protocol_blocks",
+    "register_forward_key",
+    "require_key",
+]
