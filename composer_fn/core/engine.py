@@ -139,11 +139,12 @@ def make_plan(
     algorithms = tuple(algorithms)
     _check_names(algorithms)
     now = timestamp if timestamp is not None else Timestamp()
-    keys = tuple((a.name, a.plan_key(now, meta)) for a in algorithms)
-    matched = tuple(
-        tuple(e for e in _hooked_events(a, key) if a.match(e, now)) for a, (_, key) in zip(algorithms, keys, strict=True)
-    )
-    return _build_plan(algorithms, tuple(passes), tuple(checks), matched, keys)
+    keys, matched = [], []
+    for algorithm in algorithms:
+        key = algorithm.plan_key(now, meta)
+        keys.append((algorithm.name, key))
+        matched.append(tuple(e for e in _hooked_events(algorithm, key) if algorithm.match(e, now)))
+    return _build_plan(algorithms, tuple(passes), tuple(checks), tuple(matched), tuple(keys))
 
 
 @functools.lru_cache(maxsize=1024)

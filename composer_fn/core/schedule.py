@@ -11,8 +11,8 @@ step, logging, evaluation, a checkpoint). The consumer reports what happened by 
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from composer_fn.core.event import Event
 from composer_fn.core.time import Time, Timestamp, TimeUnit
@@ -33,8 +33,7 @@ class Action(str, Enum):
     """Write a checkpoint (at the save interval, and at the end unless just done)."""
 
 
-@dataclass(frozen=True)
-class Progress:
+class Progress(NamedTuple):
     """What one batch added to the run's counters."""
 
     samples: int

@@ -38,7 +38,7 @@ from composer_fn.core.engine import (
 )
 from composer_fn.core.event import Event
 from composer_fn.core.passes import DEFAULT_PASSES, Pass
-from composer_fn.core.schedule import EXHAUSTED, Action, Progress, next_tick, run_schedule
+from composer_fn.core.schedule import EXHAUSTED, Action, Progress, run_schedule
 from composer_fn.core.state import (
     PRECISIONS,
     BatchMeta,
@@ -208,6 +208,11 @@ class Trainer:
             (a.name, r) for a in self.algorithms if (r := a.capabilities().input_range) is not None
         )
         self._freezing = any(a.capabilities().freezes is not None for a in self.algorithms)
+        self._observed = frozenset(self._handlers) | {e for a in self.algorithms for e in a.host_hooks()}
+        self._bar: Any = None
+        self._window: tuple[float, int] = (0.0, 0)
+        self._unchecked = False
+        self._loss: Tensor | None = None
         self._last_plan: tuple[Timestamp | None, BatchMeta | None, Plan | None] = (None, None, None)
         self._last_step: tuple[Any, ...] = (None, None, None, None)
         self._batches: Iterator[Any] | None = None
@@ -326,10 +331,12 @@ class Trainer:
                 handler(view)
 
     def _host_event(self, event: Event, meta: BatchMeta | None = None) -> None:
-        plan = self._plan(self.timestamp, meta)
-        if event in plan.host:
-            self.static, self.state = run_host_event(event, plan, self.static, self.state, self.timestamp, meta)
-        self._notify(event)
+        # Most events of most runs have neither a host hook nor a callback: nothing to plan or call.
+        if event in self._observed:
+            plan = self._plan(self.timestamp, meta)
+            if event in plan.host:
+                self.static, self.state = run_host_event(event, plan, self.static, self.state, self.timestamp, meta)
+            self._notify(event)
 
     def _log(self, record: dict[str, Any]) -> None:
         for logger in self.loggers:
@@ -385,15 +392,20 @@ class Trainer:
         start = time.perf_counter()
         self._window = (start, 0)
         self._unchecked = bool(self._input_ranges)
+        reply: Progress | str | None = None
         try:
-            reply: Progress | str | None = None
-            while (tick := next_tick(ticks, reply)) is not None:
-                what, self.timestamp = tick
+            while True:
+                what, self.timestamp = ticks.send(reply)
                 action = actions.get(what)
-                if action is None:
-                    assert isinstance(what, Event)
-                    self._host_event(what)
-                reply = action() if action is not None else None
+                if action is not None:
+                    reply = action()
+                else:
+                    # Every Action has an entry above: what is left are events.
+                    reply = None
+                    if what in self._observed:
+                        self._host_event(what)  # type: ignore[arg-type]
+        except StopIteration:
+            pass
         finally:
             self._bar.close()
             self._batches = self._batch = None
@@ -439,9 +451,10 @@ class Trainer:
         frozen = (
             frozen_parameters(self.algorithms, self.timestamp, self.static.module) if self._freezing else frozenset()
         )
-        if (plan, self.static, frozen) != self._last_step[:3]:
-            self._last_step = (plan, self.static, frozen, self._train_step(plan, frozen))
-        step = self._last_step[3]
+        last_plan, last_static, last_frozen, step = self._last_step
+        if plan is not last_plan or self.static is not last_static or frozen != last_frozen:
+            step = self._train_step(plan, frozen)
+            self._last_step = (plan, self.static, frozen, step)
         began = time.perf_counter()
         self.state, outputs = step(self.state, self._batch)
         self._loss = outputs["loss"]
@@ -463,7 +476,7 @@ class Trainer:
         samples_per_second = samples / max(now - window_start, 1e-9)
         self._window = (now, 0)
         learning_rate = float(self.lr_multiplier(max(step - 1, 0)))
-        value = float(self._loss)
+        value = float(self._loss) if self._loss is not None else float("nan")
         self.metrics.update(loss=value, samples_per_second=samples_per_second, lr_multiplier=learning_rate)
         self._log(
             {
