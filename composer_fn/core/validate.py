@@ -44,20 +44,14 @@ def _bounds(minimum: float | None, maximum: float | None, open_below: bool, open
     return ""
 
 
-def _within(value: float, minimum: float | None, maximum: float | None, open_below: bool, open_above: bool) -> bool:
-    if minimum is not None and (value < minimum or (open_below and value == minimum)):
-        return False
-    return maximum is None or not (value > maximum or (open_above and value == maximum))
-
-
 def integer(
     argument: str, value: object, *, minimum: int | None = None, maximum: int | None = None, hint: str = ""
 ) -> int:
     """Returns ``value`` if it is an int (not a bool) in ``[minimum, maximum]``; raises ValueError otherwise."""
-    if not is_integer(value) or not _within(value, minimum, maximum, False, False):
-        accepted = " ".join(filter(None, ("an int", _bounds(minimum, maximum, False, False))))
-        raise ValueError(f"{argument}={value!r} must be {accepted}{f' ({hint})' if hint else ''}")
-    return value
+    if is_integer(value) and (minimum is None or value >= minimum) and (maximum is None or value <= maximum):
+        return value
+    accepted = " ".join(filter(None, ("an int", _bounds(minimum, maximum, False, False))))
+    raise ValueError(f"{argument}={value!r} must be {accepted}{f' ({hint})' if hint else ''}")
 
 
 def real(
@@ -74,14 +68,16 @@ def real(
 
     ``open_below``/``open_above`` exclude the bound itself (``minimum=0, open_below=True``: positive).
     """
+    # Checked inline: some callers run once per training step.
     if (
-        not is_real(value)
-        or not math.isfinite(value)
-        or not _within(value, minimum, maximum, open_below, open_above)
+        (type(value) is float or type(value) is int or is_real(value))
+        and math.isfinite(value)
+        and (minimum is None or value > minimum or (value == minimum and not open_below))
+        and (maximum is None or value < maximum or (value == maximum and not open_above))
     ):
-        accepted = " ".join(filter(None, ("a finite number", _bounds(minimum, maximum, open_below, open_above))))
-        raise ValueError(f"{argument}={value!r} must be {accepted}{f' ({hint})' if hint else ''}")
-    return float(value)
+        return float(value)
+    accepted = " ".join(filter(None, ("a finite number", _bounds(minimum, maximum, open_below, open_above))))
+    raise ValueError(f"{argument}={value!r} must be {accepted}{f' ({hint})' if hint else ''}")
 
 
 def probability(argument: str, value: object, *, hint: str = "") -> float:
