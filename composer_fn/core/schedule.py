@@ -2,8 +2,7 @@
 
 ``run_schedule`` is a pure generator of ``(what, timestamp)`` ticks in Composer's order: ``what`` is an
 ``Event`` (the trainer runs its host hooks and callbacks) or an ``Action`` (the trainer's own work: the traced
-step, logging, evaluation, a checkpoint). The consumer reports what happened by ``send``: ``EXHAUSTED`` at
-``BEFORE_DATALOADER`` when the loader has no batch left (the epoch ends early), the batch's ``Progress`` at
+step, logging, evaluation, a checkpoint). The consumer reports each batch's ``Progress`` by ``send`` at
 ``Action.STEP`` (a plain ``for`` loop sends nothing: each batch then counts ``batch_size`` samples).
 ``Trainer.fit``, ``composer_fn.dry_run`` and the contract suite all drive it, so they cannot disagree.
 """
@@ -17,7 +16,7 @@ from typing import NamedTuple
 from composer_fn.core.event import Event
 from composer_fn.core.time import Time, Timestamp, TimeUnit
 
-__all__ = ["Action", "Progress", "EXHAUSTED", "Tick", "run_schedule", "next_tick"]
+__all__ = ["Action", "Progress", "Tick", "run_schedule", "next_tick"]
 
 
 class Action(str, Enum):
@@ -41,9 +40,6 @@ class Progress(NamedTuple):
     seconds: float = 0.0
 
 
-EXHAUSTED = "exhausted"
-"""Sent at ``BEFORE_DATALOADER`` when the loader has no batch left in the epoch."""
-
 Tick = tuple[Event | Action, Timestamp]
 
 
@@ -62,7 +58,7 @@ def run_schedule(
     final_eval: bool = False,
     final_save: bool = False,
     batch_size: int = 1,
-) -> Generator[Tick, Progress | str | None, Timestamp]:
+) -> Generator[Tick, Progress | None, Timestamp]:
     """Yields the ticks of a run of ``max_steps`` batches from ``start``; returns the final timestamp.
 
     Intervals are in batches or epochs (None: never). With ``final_eval``/``final_save`` the run also evaluates
@@ -82,8 +78,7 @@ def run_schedule(
         if timestamp.batch_in_epoch == 0:
             yield Event.EPOCH_START, timestamp
         while timestamp.batch_in_epoch < steps_per_epoch and timestamp.batch < max_steps:
-            if (yield Event.BEFORE_DATALOADER, timestamp) == EXHAUSTED:
-                break
+            yield Event.BEFORE_DATALOADER, timestamp
             yield Event.BATCH_START, timestamp
             progress = yield Action.STEP, timestamp
             done = progress if isinstance(progress, Progress) else Progress(batch_size)
@@ -117,7 +112,7 @@ def run_schedule(
     return timestamp
 
 
-def next_tick(ticks: Generator[Tick, Progress | str | None, Timestamp], reply: Progress | str | None) -> Tick | None:
+def next_tick(ticks: Generator[Tick, Progress | None, Timestamp], reply: Progress | None) -> Tick | None:
     """Returns the schedule's next tick after sending it ``reply``, or None once the run is over."""
     try:
         return ticks.send(reply)

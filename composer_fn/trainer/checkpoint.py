@@ -9,7 +9,9 @@ mismatch is reported by name rather than loaded wrongly.
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,7 +116,17 @@ def _read(path: str | os.PathLike[str], device: torch.device | str | None) -> di
     source = Path(path)
     if not source.is_file():
         raise FileNotFoundError(f"load_path={str(path)!r} is not a checkpoint file")
-    payload = torch.load(source, map_location=device, weights_only=True)
+    if source.stat().st_size == 0:
+        raise ValueError(f"load_path={str(path)!r} is an empty file, not a checkpoint")
+    try:
+        payload = torch.load(source, map_location=device, weights_only=True)
+    except (EOFError, OSError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
+        # A checkpoint is written whole or not at all (atomic rename): a file that does not read is not one. The
+        # unpickler's own message would suggest loading without weights_only, which a checkpoint never needs.
+        reason = type(error).__name__ if isinstance(error, pickle.UnpicklingError) else str(error).splitlines()[0]
+        raise ValueError(
+            f"load_path={str(path)!r} cannot be read as a checkpoint (truncated, or another kind of file): {reason}"
+        ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise ValueError(f"{str(path)!r} is not a composer_fn checkpoint of format {FORMAT_VERSION} (found {found!r})")

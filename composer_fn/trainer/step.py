@@ -51,6 +51,7 @@ from composer_fn.optim.fused import fusable, fused_step
 from composer_fn.trainer.eager_step import ModuleSlots, make_plain_step
 
 __all__ = [
+    "class_last",
     "compile_step",
     "make_train_step",
     "make_eval_step",
@@ -67,11 +68,27 @@ GradMode = Literal["autograd", "func"]
 GRAD_MODES: tuple[str, ...] = ("autograd", "func")
 
 
+def class_last(outputs: Tensor, target: Tensor) -> bool:
+    """Returns whether ``outputs`` hold their classes in the last dim, against class-index ``target``.
+
+    Sequence models give ``[B, S, V]`` logits against ``[B, S]`` targets; image models give ``[B, C, ...]``.
+    """
+    return outputs.dim() > 2 and outputs.dim() == target.dim() + 1 and outputs.shape[:-1] == target.shape
+
+
+def _classes_second(outputs: Tensor, target: Tensor) -> Tensor:
+    return outputs.movedim(-1, 1) if class_last(outputs, target) else outputs
+
+
 def cross_entropy_loss(target_key: int | str = 1) -> LossFn:
-    """Returns ``loss_fn(outputs, batch)``: cross-entropy against ``batch[target_key]`` (indices or probabilities)."""
+    """Returns ``loss_fn(outputs, batch)``: cross-entropy against ``batch[target_key]`` (indices or probabilities).
+
+    Class-last outputs (``[B, S, V]`` against ``[B, S]`` indices) are read as such, as evaluation reads them.
+    """
 
     def loss_fn(outputs: Tensor, batch: Any) -> Tensor:
-        return F.cross_entropy(outputs, batch_get(batch, target_key))
+        target = batch_get(batch, target_key)
+        return F.cross_entropy(_classes_second(outputs, target), target)
 
     return loss_fn
 
@@ -80,7 +97,8 @@ def cross_entropy_per_sample_loss(target_key: int | str = 1) -> LossFn:
     """Returns ``loss_fn(outputs, batch) -> [B]``: one cross-entropy per sample (averaged over any extra dims)."""
 
     def loss_fn(outputs: Tensor, batch: Any) -> Tensor:
-        losses = F.cross_entropy(outputs, batch_get(batch, target_key), reduction="none")
+        target = batch_get(batch, target_key)
+        losses = F.cross_entropy(_classes_second(outputs, target), target, reduction="none")
         return losses.flatten(1).mean(1) if losses.dim() > 1 else losses
 
     return loss_fn

@@ -18,7 +18,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.utils._pytree as pytree
@@ -38,7 +38,7 @@ from composer_fn.core.engine import (
 )
 from composer_fn.core.event import Event
 from composer_fn.core.passes import DEFAULT_PASSES, Pass
-from composer_fn.core.schedule import EXHAUSTED, Action, Progress, run_schedule
+from composer_fn.core.schedule import Action, Progress, run_schedule
 from composer_fn.core.state import (
     PRECISIONS,
     BatchMeta,
@@ -58,6 +58,7 @@ from composer_fn.trainer.checkpoint import load_checkpoint, save_checkpoint, wit
 from composer_fn.trainer.evaluation import evaluate
 from composer_fn.trainer.learning_rate import learning_rate
 from composer_fn.trainer.step import (
+    GRAD_MODES,
     GradMode,
     StepFn,
     compile_step,
@@ -68,6 +69,8 @@ from composer_fn.trainer.step import (
 )
 
 __all__ = ["Trainer"]
+
+_T = TypeVar("_T")
 
 SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset(
     {"per_sample_loss", "extra_forward", "loss_closure", "train_data"}
@@ -153,7 +156,15 @@ class Trainer:
             raise ValueError(f"precision={precision!r} must be one of {', '.join(PRECISIONS)}")
         if not hasattr(train_dataloader, "__len__"):
             raise TypeError("train_dataloader must have a length (batches per epoch) to schedule epochs")
-        self.algorithms = tuple(algorithms)
+        for argument, loader in (("train_dataloader", train_dataloader), ("eval_dataloader", eval_dataloader)):
+            if isinstance(loader, Iterator):
+                raise TypeError(
+                    f"{argument} is a one-shot iterator ({type(loader).__name__}), empty after its first pass; pass "
+                    "something iterable again each epoch: a DataLoader, a TensorLoader, a list of batches"
+                )
+        if not any(True for _ in model.parameters()):
+            raise ValueError(f"model={type(model).__name__} has no parameters to train")
+        self.algorithms = _algorithms(algorithms)
         if load_path is not None:
             self.algorithms = with_recorded_surgeries(self.algorithms, load_path)
         for algorithm in self.algorithms:
@@ -186,19 +197,27 @@ class Trainer:
                 f"{self.max_steps} steps (steps_per_epoch={self.steps_per_epoch}); expected at least one"
             )
         self.input_key, self.target_key = input_key, target_key
+        for argument, function in (("loss_fn", loss_fn), ("per_sample_loss_fn", per_sample_loss_fn)):
+            if function is not None and not callable(function):
+                raise TypeError(f"{argument}={function!r}: expected a function (outputs, batch) -> loss")
         self.loss_fn = loss_fn if loss_fn is not None else cross_entropy_loss(target_key)
         if per_sample_loss_fn is None and loss_fn is None:
             per_sample_loss_fn = cross_entropy_per_sample_loss(target_key)
         self.per_sample_loss_fn = per_sample_loss_fn
         self.compile = "inductor" if compile is True else (compile or None)
+        if self.compile is not None:
+            _check_backend(self.compile)
         self.grad_mode: GradMode = grad_mode or ("func" if self.compile else "autograd")
+        validate.choice("grad_mode", str(self.grad_mode), GRAD_MODES)
         self.save_folder = Path(save_folder) if save_folder is not None else None
+        if self.save_folder is not None and self.save_folder.exists() and not self.save_folder.is_dir():
+            raise ValueError(f"save_folder={str(save_folder)!r} is a file; expected a folder (created if missing)")
         self.save_interval = _interval(save_interval, "save_interval") if save_folder is not None else None
         self.eval_interval = _interval(eval_interval, "eval_interval") if eval_dataloader is not None else None
         self.log_interval = _interval(log_interval, "log_interval")
         self.progress_bar = progress_bar
-        self.callbacks = tuple(callbacks)
-        self.loggers = tuple(loggers)
+        self.callbacks = _instances("callbacks", callbacks, Callback)
+        self.loggers = _instances("loggers", loggers, Logger)
         self._handlers = bind_callbacks(self.callbacks)
         self.compiles = 0
         self.metrics: dict[str, float] = {}
@@ -222,6 +241,7 @@ class Trainer:
         if optimizer is None:
             warnings.warn("no optimizer given: using sgdw(learning_rate=0.1)", stacklevel=2)
             optimizer = sgdw(0.1)
+        _check_optimizer(optimizer)
         self.tx, self.lr_multiplier = learning_rate(
             optimizer,
             schedule,
@@ -231,7 +251,7 @@ class Trainer:
             scale_schedule_ratio=self.scale_schedule_ratio,
         )
 
-        target_device = torch.device(device) if device is not None else _default_device()
+        target_device = _device(device)
         check_surgery_conflicts(self.algorithms, model)
         structure = copy.deepcopy(model).to(target_device).train()
         wants_data = any("train_data" in a.requires for a in self.algorithms)
@@ -361,7 +381,7 @@ class Trainer:
         """
         self.static.module.train()
         self._log({"kind": "hparams", **hparams_of(self)})
-        actions: dict[Event | Action, Callable[[], Progress | str | None]] = {
+        actions: dict[Event | Action, Callable[[], Progress | None]] = {
             Event.BEFORE_DATALOADER: self._next_batch,
             Event.BATCH_START: lambda: self._host_event(Event.BATCH_START, self._meta),
             Action.STEP: self._step,
@@ -392,7 +412,7 @@ class Trainer:
         start = time.perf_counter()
         self._window = (start, 0)
         self._unchecked = bool(self._input_ranges)
-        reply: Progress | str | None = None
+        reply: Progress | None = None
         try:
             while True:
                 what, self.timestamp = ticks.send(reply)
@@ -417,19 +437,19 @@ class Trainer:
             logger.close()
         return dict(self.metrics)
 
-    def _next_batch(self) -> str | None:
+    def _next_batch(self) -> None:
         # BEFORE_DATALOADER, then the loader: a loader that runs out early ends the epoch early.
         self._host_event(Event.BEFORE_DATALOADER)
         if self._batches is None:
             self._batches = self._epoch_batches()
         raw = next(self._batches, None)
         if raw is None:
-            if self.timestamp.batch_in_epoch == 0:
-                raise ValueError(
-                    f"train_dataloader yielded no batch in epoch {self.timestamp.epoch} although its length is "
-                    f"{self.steps_per_epoch}"
-                )
-            return EXHAUSTED
+            given = self.timestamp.batch_in_epoch
+            raise ValueError(
+                f"train_dataloader yielded {f'only {given} batches' if given else 'no batch'} in epoch "
+                f"{self.timestamp.epoch} although its length is {self.steps_per_epoch}: its __len__ must count the "
+                "batches it yields in an epoch (the run's length in epochs is counted with it)"
+            )
         self._meta = batch_meta(raw, self.input_key)
         self._batch = self._to_device(raw)
         if self._unchecked:
@@ -466,6 +486,11 @@ class Trainer:
         return Progress(self._meta.batch_size, self._meta.tokens, time.perf_counter() - began)
 
     def _end_epoch(self) -> None:
+        if self._batches is not None and next(self._batches, None) is not None:
+            raise ValueError(
+                f"train_dataloader yielded more than its length, {self.steps_per_epoch} batches, in epoch "
+                f"{self.timestamp.epoch}: its __len__ must count the batches it yields in an epoch"
+            )
         self._batches = None
         self._host_event(Event.EPOCH_END)
 
@@ -544,6 +569,12 @@ class Trainer:
         )
         self.state = checkpoint.state
         self.timestamp = checkpoint.timestamp.with_max_duration(self.timestamp.max_duration)
+        if self.timestamp.batch >= self.max_steps:
+            warnings.warn(
+                f"load_path={str(load_path)!r} holds a run at batch {self.timestamp.batch}, which max_duration="
+                f"{self.max_duration} ({self.max_steps} batches) has already reached: fit() will train nothing",
+                stacklevel=3,
+            )
         self._host_event(Event.AFTER_LOAD)
 
     def save_checkpoint(self, path: str | Path) -> Path:
@@ -551,8 +582,64 @@ class Trainer:
         return save_checkpoint(path, self.state, self.timestamp, algorithms_to_json(self.algorithms))
 
 
-def _default_device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+def _algorithms(algorithms: object) -> tuple[Algorithm, ...]:
+    if isinstance(algorithms, Algorithm):
+        raise TypeError(f"algorithms={algorithms!r} is one algorithm; pass a sequence of them: [{algorithms!r}]")
+    if not isinstance(algorithms, Iterable) or isinstance(algorithms, str):
+        raise TypeError(f"algorithms={algorithms!r}: expected a list or tuple of algorithm records")
+    algorithms = tuple(algorithms)
+    for index, algorithm in enumerate(algorithms):
+        if isinstance(algorithm, type) and issubclass(algorithm, Algorithm):
+            raise TypeError(
+                f"algorithms[{index}] is the class {algorithm.__name__}; pass an instance: {algorithm.__name__}()"
+            )
+        if not isinstance(algorithm, Algorithm):
+            raise TypeError(f"algorithms[{index}]={algorithm!r}: expected an algorithm record such as MixUp()")
+    return algorithms
+
+
+def _check_optimizer(optimizer: object) -> None:
+    torch_optimizer = isinstance(optimizer, torch.optim.Optimizer) or (
+        isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer)
+    )
+    if torch_optimizer:
+        name = optimizer.__name__ if isinstance(optimizer, type) else type(optimizer).__name__
+        raise TypeError(
+            f"optimizer={name} is a torch.optim optimizer, which holds the model's tensors; the Trainer takes a "
+            "gradient transformation that holds none: composer_fn.optim.sgd, sgdw, adam, adamw or decoupled_adamw, "
+            "e.g. optimizer=composer_fn.optim.sgd(0.1, momentum=0.9)"
+        )
+    if not isinstance(optimizer, GradientTransformation):
+        raise TypeError(
+            f"optimizer={optimizer!r}: expected a gradient transformation such as composer_fn.optim.sgd(0.1)"
+        )
+
+
+def _instances(argument: str, given: object, kind: type[_T]) -> tuple[_T, ...]:
+    if isinstance(given, kind) or isinstance(given, str) or not isinstance(given, Iterable):
+        raise TypeError(f"{argument}={given!r}: expected a list of {kind.__name__} instances")
+    items = tuple(given)
+    for index, item in enumerate(items):
+        if not isinstance(item, kind):
+            raise TypeError(f"{argument}[{index}]={item!r}: expected a {kind.__name__} instance")
+    return items
+
+
+def _check_backend(backend: str) -> None:
+    from torch._dynamo import list_backends
+
+    known = list_backends(exclude_tags=())
+    if not isinstance(backend, str) or backend not in known:
+        raise ValueError(f"compile={backend!r} is not a torch.compile backend; expected True, False or one of {known}")
+
+
+def _device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device={device!r} is not a device ('cpu', 'cuda', 'cuda:1', ...): {error}") from None
 
 
 def hparams_of(trainer: Trainer) -> Mapping[str, Any]:

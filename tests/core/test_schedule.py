@@ -13,7 +13,7 @@ from composer_fn import optim
 from composer_fn.callbacks.base import Callback, RunView
 from composer_fn.core.algorithm import Algorithm
 from composer_fn.core.event import TRAIN_STEP_EVENTS, Event
-from composer_fn.core.schedule import EXHAUSTED, Action, Progress, Tick, next_tick, run_schedule
+from composer_fn.core.schedule import Action, Progress, Tick, next_tick, run_schedule
 from composer_fn.core.time import Time, Timestamp, TimeUnit
 from composer_fn.data import TensorLoader
 from composer_fn.models import MLP
@@ -128,20 +128,6 @@ def test_the_batch_progress_sent_back_advances_samples_and_tokens() -> None:
         reply = Progress(*next(sizes), seconds=0.5) if what is Action.STEP else None
     assert last is not None and (last.sample, last.token, last.batch) == (29, 230, 4)
     assert last.total_wct == pytest.approx(2.0)
-
-
-def test_a_loader_that_runs_out_ends_the_epoch_early() -> None:
-    ticks = run_schedule(6, 3)
-    seen: list[tuple[object, int]] = []
-    reply = None
-    while (tick := next_tick(ticks, reply)) is not None:
-        what, t = tick
-        seen.append((what, t.batch))
-        # The first epoch's loader gives two batches although it claims three.
-        reply = EXHAUSTED if what is Event.BEFORE_DATALOADER and t.epoch == 0 and t.batch_in_epoch == 2 else None
-    # The run still trains its six batches: epochs of 2, 3 and 1 batches.
-    assert [b for what, b in seen if what is Event.EPOCH_END] == [2, 5]
-    assert sum(what is Action.STEP for what, _ in seen) == 6
 
 
 @pytest.mark.parametrize("steps_per_epoch", [0, -1])
