@@ -81,10 +81,20 @@ SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset(
 def _interval(value: str | int | Time | None, argument: str) -> Time | None:
     if value is None:
         return None
-    interval = Time.from_input(value, TimeUnit.EPOCH)
-    if interval.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH) or interval.value <= 0:
-        raise ValueError(f"{argument}={value!r} must be a positive number of epochs or batches, e.g. '1ep', '100ba'")
-    return interval
+    return _epochs_or_batches(value, argument, "'1ep', '100ba'")
+
+
+def _epochs_or_batches(value: object, argument: str, example: str) -> Time:
+    try:
+        time = Time.from_input(value, TimeUnit.EPOCH)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        time = None
+    if time is None or time.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH) or time.value <= 0:
+        raise ValueError(
+            f"{argument}={value!r} must be a positive number of epochs or batches (a string such as {example}, or "
+            "an int number of epochs)"
+        )
+    return time
 
 
 class Trainer:
@@ -180,10 +190,7 @@ class Trainer:
         self.steps_per_epoch = len(train_dataloader)  # type: ignore[arg-type]
         if self.steps_per_epoch < 1:
             raise ValueError("train_dataloader yields no batches")
-        duration = Time.from_input(max_duration, TimeUnit.EPOCH)
-        if duration.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH):
-            raise ValueError(f"max_duration={max_duration!r} must be in epochs or batches, e.g. '10ep' or '500ba'")
-        self.max_duration = duration
+        self.max_duration = duration = _epochs_or_batches(max_duration, "max_duration", "'10ep', '500ba'")
         self.scale_schedule_ratio = validate.real(
             "scale_schedule_ratio", scale_schedule_ratio, minimum=0.0, open_below=True
         )
@@ -242,6 +249,11 @@ class Trainer:
             warnings.warn("no optimizer given: using sgdw(learning_rate=0.1)", stacklevel=2)
             optimizer = sgdw(0.1)
         _check_optimizer(optimizer)
+        if schedule is not None and not callable(getattr(schedule, "resolve", None)):
+            raise TypeError(
+                f"schedule={schedule!r}: expected a schedule such as composer_fn.optim.CosineAnnealingScheduler() "
+                "(the optimizer's learning rate is set in the optimizer)"
+            )
         self.tx, self.lr_multiplier = learning_rate(
             optimizer,
             schedule,
@@ -449,6 +461,11 @@ class Trainer:
                 f"train_dataloader yielded {f'only {given} batches' if given else 'no batch'} in epoch "
                 f"{self.timestamp.epoch} although its length is {self.steps_per_epoch}: its __len__ must count the "
                 "batches it yields in an epoch (the run's length in epochs is counted with it)"
+            )
+        if not isinstance(raw, tuple | list | Mapping):
+            raise TypeError(
+                f"train_dataloader yields {type(raw).__name__} batches; expected tuples or lists (inputs, targets) "
+                "or mappings, read at input_key and target_key"
             )
         self._meta = batch_meta(raw, self.input_key)
         self._batch = self._to_device(raw)

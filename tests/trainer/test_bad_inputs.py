@@ -161,3 +161,27 @@ def test_a_save_folder_that_is_a_file_is_refused(tmp_path: Path) -> None:
     taken.write_text("")
     with pytest.raises(ValueError, match=f"save_folder='{taken}' is a file"):
         _trainer(save_folder=taken)
+
+
+@pytest.mark.parametrize("duration", ["10", -1, 1.5, "5sp", "0ep", "0.5dur", True])
+def test_a_run_length_that_is_not_epochs_or_batches_is_refused_naming_it(duration) -> None:
+    with pytest.raises(ValueError, match=rf"max_duration={duration!r} must be a positive number of epochs or batches"):
+        _trainer(max_duration=duration)
+
+
+@pytest.mark.parametrize("interval", ["x", "0ba", "3sp", 2.5])
+def test_an_interval_that_is_not_epochs_or_batches_is_refused_naming_it(interval) -> None:
+    with pytest.raises(ValueError, match=rf"eval_interval={interval!r} must be a positive number of epochs"):
+        _trainer(eval_dataloader=[DATA], eval_interval=interval)
+
+
+def test_a_learning_rate_given_as_the_schedule_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"schedule=0.1: expected a schedule such as"):
+        _trainer(schedule=0.1)
+
+
+def test_a_loader_of_bare_tensors_is_refused_instead_of_reading_rows_as_items() -> None:
+    trainer = _trainer(loader=[DATA[0][:8]] * 4)
+    with pytest.raises(TypeError, match="train_dataloader yields Tensor batches; expected tuples"):
+        trainer.fit()
+    assert trainer.timestamp.batch == 0
