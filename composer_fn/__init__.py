@@ -2,21 +2,66 @@
 
 The public surface: ``Trainer``; the records ``State``, ``StepCtx``, ``Static``; ``Event``, ``Time``,
 ``Timestamp``; the algorithm records; ``functional`` (the notebook API); ``optim``; ``random`` (keys).
+
+Each name is imported on first use, so ``import composer_fn`` alone loads neither torch nor any algorithm and the
+``composer-fn`` command answers ``--help`` at once. The algorithm registry
+(``composer_fn.core.algorithm.REGISTRY``) fills when ``composer_fn.algorithms``, an algorithm record or the
+trainer is first imported.
 """
 
-from composer_fn import algorithms, functional, optim
-from composer_fn.algorithms import *  # noqa: F403 (the records, as algorithms.__all__ lists them)
-from composer_fn.core import random
-from composer_fn.core.algorithm import Algorithm
-from composer_fn.core.engine import make_plan, run_event
-from composer_fn.core.event import Event
-from composer_fn.core.schedule import run_schedule
-from composer_fn.core.state import State, Static, StepCtx
-from composer_fn.core.time import Time, Timestamp, TimeUnit
-from composer_fn.dry_run import dry_run
-from composer_fn.trainer import Trainer
+from __future__ import annotations
 
-__all__ = [
+import importlib
+import importlib.util
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from composer_fn import algorithms as algorithms
+    from composer_fn import functional as functional
+    from composer_fn import optim as optim
+    from composer_fn.algorithms import *  # noqa: F403 (the records, as algorithms.__all__ lists them)
+    from composer_fn.core import random as random
+    from composer_fn.core.algorithm import Algorithm as Algorithm
+    from composer_fn.core.engine import make_plan as make_plan
+    from composer_fn.core.engine import run_event as run_event
+    from composer_fn.core.event import Event as Event
+    from composer_fn.core.schedule import run_schedule as run_schedule
+    from composer_fn.core.state import State as State
+    from composer_fn.core.state import Static as Static
+    from composer_fn.core.state import StepCtx as StepCtx
+    from composer_fn.core.time import Time as Time
+    from composer_fn.core.time import Timestamp as Timestamp
+    from composer_fn.core.time import TimeUnit as TimeUnit
+    from composer_fn.dry_run import dry_run as dry_run
+    from composer_fn.trainer import Trainer as Trainer
+
+# public name: the module that defines it
+_ORIGINS: dict[str, str] = {
+    "Algorithm": "composer_fn.core.algorithm",
+    "Event": "composer_fn.core.event",
+    "State": "composer_fn.core.state",
+    "Static": "composer_fn.core.state",
+    "StepCtx": "composer_fn.core.state",
+    "Time": "composer_fn.core.time",
+    "TimeUnit": "composer_fn.core.time",
+    "Timestamp": "composer_fn.core.time",
+    "Trainer": "composer_fn.trainer",
+    "dry_run": "composer_fn.dry_run",
+    "make_plan": "composer_fn.core.engine",
+    "run_event": "composer_fn.core.engine",
+    "run_schedule": "composer_fn.core.schedule",
+}
+# public name: the module it stands for
+_MODULES: dict[str, str] = {
+    "algorithms": "composer_fn.algorithms",
+    "functional": "composer_fn.functional",
+    "optim": "composer_fn.optim",
+    "random": "composer_fn.core.random",
+}
+
+_NAMES = (
     "Algorithm",
     "Event",
     "State",
@@ -33,5 +78,46 @@ __all__ = [
     "random",
     "run_event",
     "run_schedule",
-]
-__all__ += algorithms.__all__
+)
+"""The public names besides the algorithm records, which ``composer_fn.algorithms.__all__`` lists."""
+
+
+def _algorithm_names() -> list[str]:
+    names: list[str] = importlib.import_module("composer_fn.algorithms").__all__
+    return names
+
+
+def __getattr__(name: str) -> Any:
+    """Returns the public name ``name`` (or the subpackage ``composer_fn.<name>``), importing it on first use."""
+    if name == "__all__":
+        # Read by ``from composer_fn import *``; it loads the algorithms, as the star asks for them.
+        return [*_NAMES, *_algorithm_names()]
+    if name in _MODULES:
+        value: Any = importlib.import_module(_MODULES[name])
+    elif name in _ORIGINS:
+        value = getattr(importlib.import_module(_ORIGINS[name]), name)
+    elif name[:1].isupper() and name in _algorithm_names():
+        value = getattr(importlib.import_module("composer_fn.algorithms"), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """Returns the names loaded so far and every public name."""
+    return sorted(set(globals()) | set(_NAMES) | set(_algorithm_names()))
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Importing the submodule composer_fn.dry_run binds it here under its name, which is the public name of
+        # its function.
+        if name == "dry_run" and isinstance(value, types.ModuleType):
+            value = value.dry_run
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

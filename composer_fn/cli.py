@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
-import torch
-from torch import nn
+from composer_fn.core.time import Time, TimeUnit
 
-from composer_fn import optim
-from composer_fn.core import random as R
-from composer_fn.core.algorithm import REGISTRY, Algorithm
-from composer_fn.data import TensorLoader, load_digits_task, synthetic_images
-from composer_fn.dry_run import dry_run
-from composer_fn.loggers import JSONLLogger, Logger
-from composer_fn.models import MLP, SmallCNN
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from composer_fn.core.algorithm import Algorithm
 
 __all__ = ["main", "TASKS"]
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -34,9 +36,12 @@ class Task:
     learning_rate: float
 
 
+# Torch and the package's modules load inside the functions that need them, so that ``--help`` answers at once.
 def _digits_data(
     seed: int, unit_range: bool
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    from composer_fn.data import load_digits_task
+
     task = load_digits_task(standardize=not unit_range)
     return task.train, task.heldout
 
@@ -44,6 +49,9 @@ def _digits_data(
 def _synthetic_data(
     seed: int, unit_range: bool
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    from composer_fn.core import random as R
+    from composer_fn.data import synthetic_images
+
     images, labels = synthetic_images(R.key(seed), 2560, num_classes=10, shape=(3, 16, 16), noise=2.0)
     if unit_range:
         # Mapped affinely with the training part's extremes, the held-out part clipped to the same range.
@@ -52,51 +60,107 @@ def _synthetic_data(
     return (images[:2048], labels[:2048]), (images[2048:], labels[2048:])
 
 
+def _small_cnn(in_channels: int) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        from composer_fn.models import SmallCNN
+
+        return SmallCNN(in_channels=in_channels, num_classes=10)
+
+    return build
+
+
+def _digits_mlp() -> nn.Module:
+    from composer_fn.models import MLP
+
+    return MLP(64, 10, hidden=(128,))
+
+
 _DIGITS = "scikit-learn's bundled 8x8 handwritten digits (1437 train / 360 held out), a small CNN with BatchNorm"
 _SYNTHETIC = "a keyed synthetic 10-class 3x16x16 image task, a small CNN"
 TASKS: dict[str, Task] = {
     # name: Task(description, data, model, batch size, learning rate)
-    "digits": Task(_DIGITS, _digits_data, lambda: SmallCNN(in_channels=1, num_classes=10), 64, 0.1),
-    "digits-mlp": Task("the same digits with an MLP", _digits_data, lambda: MLP(64, 10, hidden=(128,)), 64, 0.1),
-    "synthetic": Task(_SYNTHETIC, _synthetic_data, lambda: SmallCNN(in_channels=3, num_classes=10), 128, 0.05),
+    "digits": Task(_DIGITS, _digits_data, _small_cnn(1), 64, 0.1),
+    "digits-mlp": Task("the same digits with an MLP", _digits_data, _digits_mlp, 64, 0.1),
+    "synthetic": Task(_SYNTHETIC, _synthetic_data, _small_cnn(3), 128, 0.05),
 }
 
 
-def _choice(kind: str, name: str, valid: Sequence[str]) -> None:
-    if name not in valid:
-        raise SystemExit(f"composer-fn: unknown {kind} {name!r}; valid {kind}s: {', '.join(sorted(valid))}")
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: the command, the flag, the value and what is accepted."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def parse_algorithms(text: str) -> tuple[Algorithm, ...]:
-    """Returns the algorithms named in a comma-separated list, each with its default hyperparameters."""
-    import composer_fn.algorithms  # noqa: F401  (registers every algorithm)
+def _checked(accepted: str, parse: Callable[[str], _T | None], valid: Callable[[_T], bool]) -> Callable[[str], _T]:
+    """Returns an argparse ``type`` that parses a flag's text and rejects a bad value, saying what is accepted."""
 
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    for name in names:
-        _choice("algorithm", name, list(REGISTRY))
-    return tuple(REGISTRY[name]() for name in names)
+    def convert(text: str) -> _T:
+        try:
+            value = parse(text)
+        except ValueError:
+            value = None
+        if value is None or not valid(value):
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}; accepted: {accepted}")
+        return value
+
+    return convert
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="composer-fn", description=__doc__)
+def _epochs_or_batches(text: str) -> Time | None:
+    duration = Time.from_timestring(text)
+    return duration if duration.unit in (TimeUnit.EPOCH, TimeUnit.BATCH) else None
+
+
+_POSITIVE_INT = _checked("a whole number >= 1", int, lambda n: n >= 1)
+_SEED = _checked("a whole number in [0, 2**64)", int, lambda n: 0 <= n < 2**64)
+_LEARNING_RATE = _checked("a finite number > 0, e.g. 0.1", float, lambda x: math.isfinite(x) and x > 0)
+_MAX_DURATION = _checked(
+    "a whole number >= 1 of epochs or batches, e.g. 10ep or 500ba", _epochs_or_batches, lambda t: t.value >= 1
+)
+_CHECKPOINT = _checked("an existing checkpoint file, e.g. runs/latest.pt", Path, Path.is_file)
+_FOLDER = _checked("a folder (created if missing), not a file", Path, lambda path: not path.is_file())
+_FILE = _checked("a file (created if missing), not a folder", Path, lambda path: not path.is_dir())
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """Returns the command's parser and its subcommands' parsers by name."""
+    parser = _Parser(prog="composer-fn", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     for command, text in (("train", "train a task"), ("plan", "print which algorithm runs when, without training")):
         sub = commands.add_parser(command, help=text)
-        sub.add_argument("--task", default="digits", help=f"one of: {', '.join(TASKS)}")
+        sub.add_argument("--task", default="digits", choices=tuple(TASKS), help=f"one of: {', '.join(TASKS)}")
         sub.add_argument("--algorithms", default="", help="comma-separated names, e.g. mixup,label_smoothing")
-        sub.add_argument("--max-duration", default="10ep", help="e.g. 10ep or 500ba")
-        sub.add_argument("--batch-size", type=int, default=None)
-        sub.add_argument("--seed", type=int, default=0)
+        sub.add_argument("--max-duration", type=_MAX_DURATION, default="10ep", help="e.g. 10ep or 500ba")
+        sub.add_argument("--batch-size", type=_POSITIVE_INT, default=None, help="task default if omitted")
+        sub.add_argument("--seed", type=_SEED, default=0)
     train = commands.choices["train"]
-    train.add_argument("--lr", type=float, default=None, help="base learning rate (task default if omitted)")
+    train.add_argument("--lr", type=_LEARNING_RATE, default=None, help="base learning rate (task default if omitted)")
     train.add_argument("--precision", default="fp32", choices=("fp32", "bf16-mixed"))
     train.add_argument("--compile", action="store_true", help="compile the step with torch.compile")
-    train.add_argument("--save-folder", default=None)
-    train.add_argument("--load-path", default=None)
-    train.add_argument("--log-file", default=None, help="a JSON-lines file receiving every logged record")
+    train.add_argument("--save-folder", type=_FOLDER, default=None)
+    train.add_argument("--load-path", type=_CHECKPOINT, default=None)
+    train.add_argument("--log-file", type=_FILE, default=None, help="a JSON-lines file receiving every logged record")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    train.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    return parser
+    train.add_argument("--threads", type=_POSITIVE_INT, default=None, help="torch intra-op threads")
+    return parser, dict(commands.choices)
+
+
+def parse_algorithms(text: str) -> tuple[Algorithm, ...]:
+    """Returns the algorithms named in a comma-separated list, each with its default hyperparameters.
+
+    Raises ValueError naming an unknown or repeated name and the accepted names.
+    """
+    import composer_fn.algorithms  # noqa: F401  (registers every algorithm)
+    from composer_fn.core.algorithm import REGISTRY
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    for index, name in enumerate(names):
+        if name not in REGISTRY:
+            raise ValueError(f"unknown algorithm {name!r}; accepted: comma-separated names among {', '.join(sorted(REGISTRY))}")
+        if name in names[:index]:
+            raise ValueError(f"algorithm {name!r} is named twice; accepted: each name once")
+    return tuple(REGISTRY[name]() for name in names)
 
 
 def _wants_unit_range(algorithms: tuple[Algorithm, ...]) -> bool:
@@ -105,22 +169,28 @@ def _wants_unit_range(algorithms: tuple[Algorithm, ...]) -> bool:
 
 
 def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Task) -> int:
+    import torch
+
+    from composer_fn import optim
+    from composer_fn.data import TensorLoader
+    from composer_fn.loggers import JSONLLogger, Logger
     from composer_fn.trainer import Trainer
 
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
     train, heldout = task.data(args.seed, _wants_unit_range(algorithms))
-    batch_size = args.batch_size or task.batch_size
+    batch_size = args.batch_size if args.batch_size is not None else task.batch_size
+    learning_rate = args.lr if args.lr is not None else task.learning_rate
     loader = TensorLoader(train, batch_size, shuffle=True, seed=args.seed)
     eval_loader = TensorLoader(heldout, 512, shuffle=False)
-    loggers: list[Logger] = [JSONLLogger(args.log_file)] if args.log_file else []
+    loggers: list[Logger] = [JSONLLogger(args.log_file)] if args.log_file is not None else []
     trainer = Trainer(
         task.model(),
         loader,
         eval_loader,
         max_duration=args.max_duration,
-        optimizer=optim.sgd(args.lr or task.learning_rate, momentum=0.9, nesterov=True, weight_decay=5e-4),
+        optimizer=optim.sgd(learning_rate, momentum=0.9, nesterov=True, weight_decay=5e-4),
         schedule=optim.CosineAnnealingWithWarmupScheduler(t_warmup="1ep"),
         algorithms=algorithms,
         seed=args.seed,
@@ -143,8 +213,11 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
 
 
 def _plan(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Task) -> int:
+    from composer_fn.data import TensorLoader
+    from composer_fn.dry_run import dry_run
+
     train, _ = task.data(args.seed, _wants_unit_range(algorithms))
-    batch_size = args.batch_size or task.batch_size
+    batch_size = args.batch_size if args.batch_size is not None else task.batch_size
     steps_per_epoch = len(TensorLoader(train, batch_size, shuffle=False))
     input_shape = (batch_size, *train[0].shape[1:])
     report = dry_run(algorithms, args.max_duration, steps_per_epoch, batch_size=batch_size, input_shape=input_shape)
@@ -153,10 +226,17 @@ def _plan(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Tas
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Returns the exit status of the ``composer-fn`` command line."""
-    args = _parser().parse_args(argv)
-    _choice("task", args.task, list(TASKS))
-    algorithms = parse_algorithms(args.algorithms)
+    """Returns the exit status of the ``composer-fn`` command line.
+
+    A flag with a bad value exits with status 2 and one line on stderr naming the flag, the value and what is
+    accepted.
+    """
+    parser, commands = _parser()
+    args = parser.parse_args(argv)
+    try:
+        algorithms = parse_algorithms(args.algorithms)
+    except ValueError as error:
+        commands[args.command].error(f"argument --algorithms: {error}")
     run: Callable[[argparse.Namespace, tuple[Algorithm, ...], Task], int] = (
         _train if args.command == "train" else _plan
     )

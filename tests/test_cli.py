@@ -1,6 +1,8 @@
-"""The command line: plans print, bad names list the valid ones, a short run trains."""
+"""The command line: plans print, a bad flag value is refused in one line, a short run trains."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -14,15 +16,50 @@ def test_plan_prints_the_schedule_table(capsys) -> None:
 
 
 @pytest.mark.parametrize(
-    ("argv", "message"),
+    ("argv", "flag", "value", "accepted"),
     [
-        (["train", "--algorithms", "mixup,blurpoool"], "unknown algorithm 'blurpoool'; valid algorithms: "),
-        (["plan", "--task", "cifar"], "unknown task 'cifar'; valid tasks: digits"),
+        (["plan", "--batch-size", "0"], "--batch-size", "'0'", "a whole number >= 1"),
+        (["train", "--batch-size", "-3"], "--batch-size", "'-3'", "a whole number >= 1"),
+        (["plan", "--batch-size", "1.5"], "--batch-size", "'1.5'", "a whole number >= 1"),
+        (["train", "--lr", "0"], "--lr", "'0'", "a finite number > 0"),
+        (["train", "--lr", "-0.1"], "--lr", "'-0.1'", "a finite number > 0"),
+        (["train", "--lr", "nan"], "--lr", "'nan'", "a finite number > 0"),
+        (["train", "--lr", "fast"], "--lr", "'fast'", "a finite number > 0"),
+        (["plan", "--seed", "-1"], "--seed", "'-1'", "a whole number in [0, 2**64)"),
+        (["plan", "--seed", str(2**64)], "--seed", f"'{2**64}'", "a whole number in [0, 2**64)"),
+        (["train", "--threads", "0"], "--threads", "'0'", "a whole number >= 1"),
+        (["plan", "--max-duration", "0ep"], "--max-duration", "'0ep'", "epochs or batches, e.g. 10ep or 500ba"),
+        (["plan", "--max-duration", "0.5dur"], "--max-duration", "'0.5dur'", "epochs or batches"),
+        (["train", "--max-duration", "ten"], "--max-duration", "'ten'", "epochs or batches"),
+        (["train", "--max-duration=-2ba"], "--max-duration", "'-2ba'", "epochs or batches"),
+        (["train", "--algorithms", "mixup,blurpoool"], "--algorithms", "'blurpoool'", "names among alibi, "),
+        (["plan", "--algorithms", "mixup,mixup"], "--algorithms", "'mixup'", "each name once"),
+        (["plan", "--task", "cifar"], "--task", "'cifar'", "choose from 'digits', 'digits-mlp', 'synthetic'"),
+        (["train", "--precision", "fp16"], "--precision", "'fp16'", "choose from 'fp32', 'bf16-mixed'"),
+        (["train", "--load-path", "missing/latest.pt"], "--load-path", "'missing/latest.pt'", "an existing checkpoint"),
+        (["train", "--save-folder", "pyproject.toml"], "--save-folder", "'pyproject.toml'", "a folder"),
+        (["train", "--log-file", "tests"], "--log-file", "'tests'", "a file (created if missing), not a folder"),
     ],
 )
-def test_unknown_names_are_refused_with_the_valid_ones(argv, message) -> None:
-    with pytest.raises(SystemExit, match=message):
+def test_a_bad_flag_value_exits_with_one_line_naming_flag_value_and_what_is_accepted(
+    capsys, monkeypatch, argv, flag, value, accepted
+) -> None:
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    with pytest.raises(SystemExit) as exited:
         main(argv)
+    assert exited.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"composer-fn {argv[0]}: error: argument {flag}: ")
+    assert value in lines[0] and accepted in lines[0]
+
+
+def test_a_given_batch_size_is_used_rather_than_the_tasks(capsys) -> None:
+    # digits: 1437 training samples; 100 per batch gives 15 steps an epoch, the task's 64 would give 23.
+    assert main(["plan", "--batch-size", "100", "--max-duration", "2ep"]) == 0
+    assert "30 steps" in capsys.readouterr().out
 
 
 def test_train_runs_and_reports_accuracy_and_time(capsys, tmp_path) -> None:

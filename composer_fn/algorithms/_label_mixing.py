@@ -49,6 +49,8 @@ class LabelMixing(Algorithm, Generic[_P]):
 
     def __post_init__(self) -> None:
         validate.real("alpha", self.alpha, minimum=0.0, hint="the Beta(α, α) concentration")
+        validate.flag("interpolate_loss", self.interpolate_loss)
+        validate.flag("per_sample", self.per_sample)
         if self.per_sample and self.interpolate_loss:
             raise ValueError(
                 "per_sample=True with interpolate_loss=True: a per-example weight cannot interpolate the "
@@ -113,6 +115,9 @@ class LabelMixing(Algorithm, Generic[_P]):
     def _mix_targets(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
         target = batch_get(ctx.batch, self.target_key)
         input = batch_get(ctx.batch, self.input_key)
+        if target.shape == ctx.outputs.shape and not target.is_floating_point():
+            # A target of the logits' shape holds probabilities (an integer one-hot target), as in Composer.
+            target = target.to(torch.float32)
         mixed = self.mix_targets(target, input, ctx.scratch[self.name], ctx.outputs.shape[1])
         return state, ctx.replace(batch=batch_set(ctx.batch, self.target_key, mixed))
 

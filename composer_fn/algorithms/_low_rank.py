@@ -26,12 +26,15 @@ class LowRankSolution(NamedTuple):
     """A rank-``rank`` factorization ``Y ≈ (X @ Wa) @ Wb + bias`` and its normalised mean squared error.
 
     For matrices ``Wa`` is ``[D, rank]`` and ``Wb`` ``[rank, M]``; for convolutions ``Wa`` is the ``k×k``
-    weight ``[rank, in, k_h, k_w]`` and ``Wb`` the ``1×1`` weight ``[out, rank, 1, 1]``. ``nmse`` is the mean
-    squared error of the fit divided by the variance of the outputs (0: exact; 1: no better than their mean).
+    weight ``[rank, in, k_h, k_w]`` and ``Wb`` the ``1×1`` weight ``[out, rank, 1, 1]``. When the rank asked
+    for leaves nothing to save (it reaches ``D`` or ``M``) there is no second factor: ``Wb`` is None, ``Wa`` is
+    the single least-squares map ``[D, M]`` (for convolutions ``[out, in, k_h, k_w]``) and ``rank`` is -1, as
+    in Composer. ``nmse`` is the mean squared error of the fit divided by the variance of the outputs (0:
+    exact; 1: no better than their mean).
     """
 
     Wa: Tensor
-    Wb: Tensor
+    Wb: Tensor | None
     bias: Tensor | None
     rank: int
     nmse: float
@@ -87,7 +90,9 @@ def factorize_matrix(
     earlier factorization ``Wa [D, d] @ Wb [d, M]``) plus ``bias [M]``. The factors start from the truncated SVD
     of ``Wa (@ Wb)`` and then alternate ``n_iters`` least-squares updates of ``Wb'`` and ``Wa'`` (Composer's
     solver); ``bias'`` absorbs the mean residual. ``rank`` is an int, or a float in (0, 1): a fraction of ``D``
-    (capped at the current rank). At full rank the solution reproduces ``Y``.
+    (capped at the current rank). As in Composer, a rank that reaches ``D`` or ``M`` gives the plain
+    least-squares regression of ``Y`` on ``X`` (``Wb'`` None, ``rank`` -1), and a rank that reaches the latent
+    width ``d`` of an earlier factorization keeps its two factors (``rank`` ``d``).
     """
     if X.dim() != 2 or Y.dim() != 2 or X.shape[0] != Y.shape[0]:
         raise ValueError(
@@ -102,27 +107,33 @@ def factorize_matrix(
         )
     check_latent("rank", rank)
     current = Wa.shape[1] if Wb is not None else min(weight.shape)
-    k = min(int(rank * X.shape[1]), current) if isinstance(rank, float) else rank
-    k = max(k, 1)
-    if k > min(current, *weight.shape):
-        raise ValueError(f"rank={rank!r} gives {k}, above the current rank {min(current, *weight.shape)}")
+    k = max(min(int(rank * X.shape[1]), current), 1) if isinstance(rank, float) else rank
     dtype = X.dtype
     x, y = X.detach().to(torch.float64), Y.detach().to(torch.float64)
     target = y - bias.detach().to(torch.float64) if bias is not None else y
-    first, second = svd_factors(weight.to(torch.float64), k)
-    # Least squares of the outputs on the inputs, solved once: the targets of every Wa update.
-    coefficients = _lstsq(x, target)
-    for _ in range(n_iters):
-        second = _lstsq(x @ first, target)
-        first = _lstsq(second.T, coefficients.T).T
-    fitted = (x @ first) @ second
+    first: Tensor
+    second: Tensor | None
+    if k >= min(weight.shape):
+        # Two factors this wide take more multiply-adds than one map: the regression is the whole answer.
+        first, second, k = _lstsq(x, target), None, -1
+    elif Wb is not None and k >= Wb.shape[0]:
+        first, second, k = Wa.detach().to(torch.float64), Wb.detach().to(torch.float64), Wb.shape[0]
+    else:
+        first, second = svd_factors(weight.to(torch.float64), k)
+        # Least squares of the outputs on the inputs, solved once: the targets of every Wa update.
+        coefficients = _lstsq(x, target)
+        for _ in range(n_iters):
+            second = _lstsq(x @ first, target)
+            first = _lstsq(second.T, coefficients.T).T
+    fitted = x @ first if second is None else (x @ first) @ second
     new_bias = (target - fitted).mean(dim=0)
     if bias is not None:
         new_bias = new_bias + bias.detach().to(torch.float64)
     residual = y - (fitted + new_bias)
     error, variance = float((residual * residual).mean()), float(y.var()) if y.numel() > 1 else 0.0
     nmse = error / variance if variance > 0 else error
-    return LowRankSolution(first.to(dtype), second.to(dtype), new_bias.to(dtype), k, nmse)
+    factor = None if second is None else second.to(dtype)
+    return LowRankSolution(first.to(dtype), factor, new_bias.to(dtype), k, nmse)
 
 
 def factorize_conv2d(
@@ -142,7 +153,9 @@ def factorize_conv2d(
     input patch is a row of the least-squares problem of ``factorize_matrix``. ``conv2d_kwargs`` are the
     convolution's ``padding``, ``dilation``, ``padding_mode`` and ``groups`` (1 only); its ``stride`` is
     accepted and ignored, as in Composer: every position supplies a row. ``rank`` as a fraction is of
-    ``in · k_h · k_w``. The solution holds ``Wa [rank, in, k_h, k_w]``, ``Wb [out, rank, 1, 1]`` and the bias.
+    ``in · k_h · k_w``. The solution holds ``Wa [rank, in, k_h, k_w]``, ``Wb [out, rank, 1, 1]`` and the bias;
+    at a rank that reaches ``in · k_h · k_w`` or ``out`` it holds the single regressed convolution
+    ``Wa [out, in, k_h, k_w]`` and no ``Wb`` (see ``factorize_matrix``).
     """
     unknown = set(conv2d_kwargs) - {"padding", "dilation", "padding_mode", "groups", "stride"}
     if unknown:
@@ -172,9 +185,8 @@ def factorize_conv2d(
         outputs = _plus(outputs @ second, second_bias)
         bias = second_bias if first_bias is None else _plus(first_bias @ second, second_bias)
     solution = factorize_matrix(patches, outputs, first, second, bias, rank, n_iters)
-    return solution._replace(
-        Wa=matrix_to_conv_weight(solution.Wa, kernel), Wb=matrix_to_conv_weight(solution.Wb, (1, 1))
-    )
+    factor = None if solution.Wb is None else matrix_to_conv_weight(solution.Wb, (1, 1))
+    return solution._replace(Wa=matrix_to_conv_weight(solution.Wa, kernel), Wb=factor)
 
 
 def _plus(a: Tensor, b: Tensor | None) -> Tensor:

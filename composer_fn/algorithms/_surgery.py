@@ -16,6 +16,7 @@ Tensors of submodules the rewrite keeps are carried over unchanged (same values,
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -33,26 +34,54 @@ __all__ = [
     "module_with_tensors",
     "module_tensors",
     "replace_modules",
+    "shared_copy",
+    "warn_nothing_to_replace",
+    "replaced",
     "matching_modules",
     "surgery_key",
 ]
 
 
-def module_with_tensors(module: nn.Module, params: Mapping[str, Tensor], buffers: Mapping[str, Tensor]) -> nn.Module:
+def module_with_tensors(
+    module: nn.Module, params: Mapping[str, Tensor], buffers: Mapping[str, Tensor]
+) -> nn.Module:
     """Returns a deep copy of ``module`` holding clones of ``params`` and ``buffers`` by qualified name.
 
-    Names the mappings do not hold keep the copy's own tensors; ``module`` and the mappings are untouched.
+    Names the mappings do not hold keep the copy's own tensors; ``module`` and the mappings are untouched. A
+    tensor registered under several names (tied weights, a module registered twice) stays one tensor: the
+    value given for any of its names goes to all of them.
     """
     copied = copy.deepcopy(module)
+    slots = _tensor_slots(copied)
     for name, tensor in params.items():
-        owner_path, _, attribute = name.rpartition(".")
-        owner = copied.get_submodule(owner_path)
-        owner._parameters[attribute] = nn.Parameter(tensor.detach().clone(), requires_grad=True)
+        new = nn.Parameter(tensor.detach().clone(), requires_grad=True)
+        for owner, attribute in slots[id(copied.get_parameter(name))]:
+            owner._parameters[attribute] = new
     for name, tensor in buffers.items():
-        owner_path, _, attribute = name.rpartition(".")
-        owner = copied.get_submodule(owner_path)
-        owner._buffers[attribute] = tensor.detach().clone()
+        new_buffer = tensor.detach().clone()
+        for owner, attribute in slots[id(copied.get_buffer(name))]:
+            owner._buffers[attribute] = new_buffer
     return copied
+
+
+def _tensor_slots(module: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
+    # Every (owner, attribute) holding each parameter or buffer, by the tensor's id; each owner visited once.
+    slots: dict[int, list[tuple[nn.Module, str]]] = {}
+    for owner in module.modules():
+        for attribute, tensor in [*owner._parameters.items(), *owner._buffers.items()]:
+            if tensor is not None:
+                slots.setdefault(id(tensor), []).append((owner, attribute))
+    return slots
+
+
+def shared_copy(module: nn.Module) -> nn.Module:
+    """Returns a copy of ``module``'s structure that holds ``module``'s own parameters and buffers (not copies).
+
+    For building replacements: ``replace_modules`` moves the tensors of its input that a replacement holds
+    onto its copy, so a replacement made of ``shared_copy`` parts keeps every tie its layer had.
+    """
+    memo: dict[int, object] = {id(t): t for t in [*module.parameters(), *module.buffers()]}
+    return copy.deepcopy(module, memo)
 
 
 def module_tensors(module: nn.Module) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
@@ -79,10 +108,14 @@ def matching_modules(module: nn.Module, predicate: Callable[[str, nn.Module], bo
 def replace_modules(module: nn.Module, replacements: Mapping[str, nn.Module]) -> nn.Module:
     """Returns a deep copy of ``module`` with the submodule at each qualified name replaced; ``module`` is untouched.
 
-    The replacement modules are placed as given (not copied); build them from the copy's own submodules or
-    as fresh modules.
+    A submodule registered under several names is replaced under all of them, so nothing of it stays behind.
+    The replacement modules are placed as given (not copied), except that the modules, parameters and buffers
+    of ``module`` they hold are swapped for the copy's: a replacement may wrap the layer it replaces, or share
+    its weight (see ``shared_copy``), and tied weights stay tied.
     """
-    copied = copy.deepcopy(module)
+    memo: dict[int, object] = {}
+    copied = copy.deepcopy(module, memo)
+    originals: dict[int, nn.Module] = {}
     for name, replacement in replacements.items():
         if not name:
             raise ValueError("replace_modules cannot replace the root module (name '')")
@@ -90,8 +123,80 @@ def replace_modules(module: nn.Module, replacements: Mapping[str, nn.Module]) ->
         owner = copied.get_submodule(owner_path)
         if attribute not in owner._modules:
             raise ValueError(f"module has no submodule {name!r} to replace")
+        target = owner._modules[attribute]
+        if target is None:
+            # An empty slot (a layer the model may hold) is no other slot's module: fill it alone.
+            owner._modules[attribute] = _onto_copy(replacement, memo)
+        else:
+            originals[id(target)] = _onto_copy(replacement, memo)
+    # Every slot is found before any is filled: a replacement may hold the module it replaces.
+    slots = [
+        (owner, attribute, originals[id(child)])
+        for owner in copied.modules()
+        for attribute, child in owner._modules.items()
+        if child is not None and id(child) in originals
+    ]
+    for owner, attribute, replacement in slots:
         owner._modules[attribute] = replacement
     return copied
+
+
+def _onto_copy(replacement: nn.Module, memo: Mapping[int, object]) -> nn.Module:
+    # The copy's twin of anything the replacement took from the input module; everything else as it is.
+    twin = memo.get(id(replacement))
+    if isinstance(twin, nn.Module):
+        return twin
+    seen: set[int] = set()
+    stack = [replacement]
+    while stack:
+        owner = stack.pop()
+        if id(owner) in seen:
+            continue
+        seen.add(id(owner))
+        for attribute, parameter in owner._parameters.items():
+            twin = memo.get(id(parameter)) if parameter is not None else None
+            if isinstance(twin, nn.Parameter):
+                owner._parameters[attribute] = twin
+        for attribute, buffer in owner._buffers.items():
+            twin = memo.get(id(buffer)) if buffer is not None else None
+            if isinstance(twin, Tensor):
+                owner._buffers[attribute] = twin
+        for attribute, child in owner._modules.items():
+            twin = memo.get(id(child)) if child is not None else None
+            if isinstance(twin, nn.Module):
+                owner._modules[attribute] = twin
+            elif child is not None:
+                stack.append(child)
+    return replacement
+
+
+def warn_nothing_to_replace(method: str, looks_for: str, model: nn.Module, *, stacklevel: int = 3) -> None:
+    """Warns (``UserWarning``) that the surgery ``method`` found none of ``looks_for`` in ``model`` to replace.
+
+    Every surgery says so the same way when a model has neither the layers it looks for nor layers it already
+    rewrote; the model comes back as an unchanged copy.
+    """
+    warnings.warn(
+        f"{method} found no {looks_for} in {type(model).__name__}, so it changes nothing",
+        UserWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def replaced(
+    model: nn.Module,
+    replacements: Mapping[str, nn.Module],
+    *,
+    method: str,
+    looks_for: str,
+    rewritten: type | tuple[type, ...],
+    stacklevel: int = 4,
+) -> nn.Module:
+    """Returns ``replace_modules(model, replacements)``; with nothing to replace and no ``rewritten`` layer in
+    ``model`` (the surgery was not applied before), warns as ``warn_nothing_to_replace`` first."""
+    if not replacements and not any(isinstance(m, rewritten) for m in model.modules()):
+        warn_nothing_to_replace(method, looks_for, model, stacklevel=stacklevel)
+    return replace_modules(model, replacements)
 
 
 def surgery_key(state_key: Tensor, name: str) -> Tensor:

@@ -8,17 +8,62 @@ from torch import Tensor
 
 from composer_fn.core.host import eager
 
+__all__ = ["ensure_targets_one_hot", "class_dimension"]
 
-def ensure_targets_one_hot(target: Tensor, num_classes: int) -> Tensor:
+
+def class_dimension(logits: Tensor, target: Tensor) -> int:
+    """Returns where ``target``'s classes lie among ``logits``' dimensions: 1, or -1 for class-last sequences.
+
+    Decided by rank, as Composer does: a target of the logits' rank holds probabilities (class dimension 1, an
+    integer one-hot target included); a target of one rank less holds class indices, which fit the logits
+    without dim 1 (``[N, C, ...]`` against ``[N, ...]``) or, failing that, without the last dimension
+    (sequence logits ``[B, S, V]`` against ``[B, S]``). Raises ValueError naming both shapes otherwise.
+    """
+    logits_shape, target_shape = tuple(logits.shape), tuple(target.shape)
+    if logits.dim() < 2:
+        raise ValueError(f"logits of shape {logits_shape}: expected [N, C, ...] or [B, S, V]")
+    if target.dim() == logits.dim():
+        if target_shape != logits_shape:
+            raise ValueError(
+                f"target of shape {target_shape} holds class probabilities (the logits' rank), so it must have "
+                f"the logits' shape {logits_shape}"
+            )
+        return 1
+    if target.dim() == logits.dim() - 1:
+        if target_shape == logits_shape[:1] + logits_shape[2:]:
+            return 1
+        if target_shape == logits_shape[:-1]:
+            return -1
+    sequence = f", or {logits_shape[:-1]} for class-last sequence logits" if logits.dim() > 2 else ""
+    raise ValueError(
+        f"target of shape {target_shape} does not fit logits of shape {logits_shape}: expected class indices "
+        f"shaped like the logits without their class dimension ({logits_shape[:1] + logits_shape[2:]}{sequence}) "
+        "or probabilities shaped like the logits"
+    )
+
+
+def _out_of_range(target: Tensor, num_classes: int) -> ValueError:
+    outside = target[(target < 0) | (target >= num_classes)]
+    shown = int(outside[0]) if outside.numel() else "an index outside the classes"
+    return ValueError(
+        f"target holds class {shown}: class indices must lie in [0, {num_classes - 1}] for {num_classes} classes "
+        "(the size of the logits' class dimension)"
+    )
+
+
+def ensure_targets_one_hot(target: Tensor, num_classes: int, *, class_last: bool = False) -> Tensor:
     """Returns ``target`` as class probabilities along dim 1 (floating targets are returned unchanged).
 
-    Integer class indices of shape ``[B, ...]`` become float32 one-hot targets of shape ``[B, C, ...]``.
+    Integer class indices of shape ``[B, ...]`` become float32 one-hot targets of shape ``[B, C, ...]``, or
+    ``[B, ..., C]`` with ``class_last``. An index outside ``[0, num_classes)`` raises ValueError when run
+    eagerly.
     """
     if target.is_floating_point():
-        if target.shape[1] != num_classes:
+        dim = -1 if class_last else 1
+        if target.shape[dim] != num_classes:
             raise ValueError(
-                f"target of shape {tuple(target.shape)} holds probabilities over {target.shape[1]} classes; "
-                f"expected {num_classes} classes along dim 1"
+                f"target of shape {tuple(target.shape)} holds probabilities over {target.shape[dim]} classes; "
+                f"expected {num_classes} classes along dim {dim}"
             )
         return target
     if target.dtype in (torch.bool, torch.complex64, torch.complex128):
@@ -28,7 +73,12 @@ def ensure_targets_one_hot(target: Tensor, num_classes: int) -> Tensor:
         # data-dependent test that some dynamo versions (2.11 among them) cannot trace. Eager calls keep the
         # check, so an out-of-range class still raises.
         classes = torch.arange(num_classes, device=target.device)
+        if class_last:
+            return (target.long().unsqueeze(-1) == classes).to(torch.float32)
         classes = classes.view((1, num_classes) + (1,) * (target.dim() - 1))
         return (target.long().unsqueeze(1) == classes).to(torch.float32)
-    one_hot = F.one_hot(target.long(), num_classes).to(torch.float32)
-    return one_hot.movedim(-1, 1) if one_hot.dim() > 2 else one_hot
+    try:
+        one_hot = F.one_hot(target.long(), num_classes).to(torch.float32)
+    except RuntimeError as error:
+        raise _out_of_range(target, num_classes) from error
+    return one_hot.movedim(-1, 1) if one_hot.dim() > 2 and not class_last else one_hot

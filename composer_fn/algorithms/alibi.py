@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from composer_fn.algorithms._surgery import Surgery, replace_modules
+from composer_fn.algorithms._surgery import Surgery, replace_modules, warn_nothing_to_replace
 from composer_fn.algorithms.seq_length_warmup import set_batch_sequence_length
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Hook, register
@@ -97,6 +97,8 @@ class AlibiBias(nn.Module):
 
 
 def _alibi_targets(model: nn.Module) -> frozenset[str]:
+    if isinstance(model, nn.Module) and not hasattr(model, "blocks"):
+        return frozenset()
     blocks = protocol_blocks(model)
     protocol_attribute(model, "max_seq_len", "model")
     names = set()
@@ -119,13 +121,19 @@ def _alibi_targets(model: nn.Module) -> frozenset[str]:
 def apply_alibi(model: nn.Module, max_sequence_length: int) -> nn.Module:
     """Returns a copy of ``model`` with ALiBi attention biases and no position embedding; ``model`` is untouched.
 
-    ``model`` follows the transformer protocol (``composer_fn.nn.blocks``); a model that does not
-    raises a TypeError naming the missing attribute. The copy accepts sequences up to ``max_sequence_length``
+    ``model`` follows the transformer protocol (``composer_fn.nn.blocks``): a model without ``blocks`` comes
+    back as an unchanged copy with a warning, as from every surgery that finds nothing to replace; blocks
+    that break the protocol raise a TypeError naming the missing attribute. The copy accepts sequences up to ``max_sequence_length``
     (its ``max_seq_len``). Applying it to a model that already has ALiBi only sets that length. No parameter
     is drawn, so no key is needed. Composer's ``apply_alibi`` leaves batches alone too: the shorter training
     rows are ``scale_batch_sequence_length`` (the ``Alibi`` algorithm does both).
     """
     validate.integer("max_sequence_length", max_sequence_length, minimum=1)
+    if isinstance(model, nn.Module) and not hasattr(model, "blocks"):
+        warn_nothing_to_replace(
+            "Alibi", "transformer blocks (model.blocks, see composer_fn.nn.blocks)", model
+        )
+        return replace_modules(model, {})
     targets = _alibi_targets(model)
     replacements: dict[str, nn.Module] = {}
     for name, block in protocol_blocks(model):
@@ -135,7 +143,12 @@ def apply_alibi(model: nn.Module, max_sequence_length: int) -> nn.Module:
             replacements[f"{name}.attention.position_bias"] = AlibiBias(attention.num_heads, device=device)
     rewritten = replace_modules(model, replacements)
     if "position_embedding" in targets:
-        rewritten.register_module("position_embedding", None)
+        # Under every name it is registered by, so that none of its weights stays behind.
+        embedding = rewritten.get_submodule("position_embedding")
+        for owner in list(rewritten.modules()):
+            for attribute, child in list(owner._modules.items()):
+                if child is embedding:
+                    owner.register_module(attribute, None)
     # A plain (non-tensor) attribute: nn.Module would store it the same way.
     object.__setattr__(rewritten, "max_seq_len", max_sequence_length)
     return rewritten
@@ -200,7 +213,6 @@ class Alibi(Surgery):
             default here is 8192 so that the record can be built without arguments.
         train_sequence_length_scaling: the training rows' length as a fraction of the batch's (1 keeps it).
     """
-
 
     max_sequence_length: int = 8192
     train_sequence_length_scaling: float = 0.25

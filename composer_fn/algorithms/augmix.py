@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from composer_fn.algorithms import _augment as ops
 from composer_fn.algorithms._batch_transform import BatchTransform
+from composer_fn.algorithms._keys import check_key
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
@@ -97,6 +98,7 @@ def augmix_params(
     augmentation_set: str = "all",
 ) -> AugMixParams:
     """Returns the chains' ops and strengths and the mixing weights for ``batch_size`` images, from ``key``."""
+    check_key(key)
     _check(severity, depth, width, alpha, augmentation_set)
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be positive")
@@ -169,22 +171,36 @@ def augmix_batch(
     *,
     key: R.Key,
 ) -> Tensor:
-    """Returns AugMix of a ``[B, C, H, W]`` batch, every image with its own draws from ``key``."""
-    ops.check_images(input, "input")
+    """Returns AugMix of a ``[B, C, H, W]`` batch, every image with its own draws from ``key``.
+
+    ``input`` is ``uint8``, or floating (``float64`` included, mixed in ``float32``) in ``[0, 1]``: run eagerly,
+    a floating batch outside that range raises ValueError. The result has the input's dtype.
+    """
+    check_key(key)
+    _check(severity, depth, width, alpha, augmentation_set)
+    return ops.augment_batch(
+        input, lambda images: _augmix(images, severity, depth, width, alpha, augmentation_set, key), "AugMix"
+    )
+
+
+def _augmix(
+    images: Tensor, severity: float, depth: int, width: int, alpha: float, augmentation_set: str, key: R.Key
+) -> Tensor:
+    ops.check_images(images, "input")
     params = augmix_params(
         key,
-        input.shape[0],
+        images.shape[0],
         severity=severity,
         depth=depth,
         width=width,
         alpha=alpha,
         augmentation_set=augmentation_set,
     )
-    return augmix_apply(input, params)
+    return augmix_apply(images, params)
 
 
 def augmix_image(
-    img: Tensor,
+    img: Any,
     severity: float = 3,
     depth: int = -1,
     width: int = 3,
@@ -192,11 +208,16 @@ def augmix_image(
     augmentation_set: str = "all",
     *,
     key: R.Key,
-) -> Tensor:
-    """Returns AugMix of one ``[C, H, W]`` image (or of a ``[B, C, H, W]`` batch), drawn from ``key``."""
-    if isinstance(img, Tensor) and img.dim() == 3:
-        return augmix_batch(img.unsqueeze(0), severity, depth, width, alpha, augmentation_set, key=key)[0]
-    return augmix_batch(img, severity, depth, width, alpha, augmentation_set, key=key)
+) -> Any:
+    """Returns AugMix of one ``[C, H, W]`` image, a ``[B, C, H, W]`` batch or a PIL image, drawn from ``key``.
+
+    The result is of the kind given: a PIL image (mode ``L`` or ``RGB``) for a PIL image, else a tensor of
+    the input's shape and dtype (see ``augmix_batch`` for the dtypes and range).
+    """
+    check_key(key)
+    return ops.on_image_or_batch(
+        img, lambda images: augmix_batch(images, severity, depth, width, alpha, augmentation_set, key=key)
+    )
 
 
 def _check(severity: float, depth: int, width: int, alpha: float, augmentation_set: str) -> None:
@@ -272,6 +293,5 @@ class AugMix(BatchTransform):
         _check(self.severity, self.depth, self.width, self.alpha, self.augmentation_set)
 
     def transform(self, key: R.Key, input: Tensor) -> Tensor:
-        return augmix_batch(
-            input, self.severity, self.depth, self.width, self.alpha, self.augmentation_set, key=key
-        )
+        # The values of a traced batch cannot be read; the Trainer checks the first batch's range instead.
+        return _augmix(input, self.severity, self.depth, self.width, self.alpha, self.augmentation_set, key)

@@ -23,7 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from composer_fn.algorithms._surgery import Surgery, matching_modules, replace_modules
+from composer_fn.algorithms._surgery import (
+    Surgery,
+    matching_modules,
+    replace_modules,
+    warn_nothing_to_replace,
+)
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
 
@@ -222,7 +227,11 @@ def _blurpool_targets(
 def _blurred(model: nn.Module, name: str, blur_first: bool) -> nn.Module:
     module = model.get_submodule(name)
     if isinstance(module, nn.Conv2d):
-        return BlurConv2d(module, blur_first=blur_first)
+        blurred = BlurConv2d(module, blur_first=blur_first)
+        # The model's own tensors, which ``replace_modules`` moves onto its copy: a weight tied elsewhere stays tied.
+        blurred.conv.weight = module.weight
+        blurred.conv.bias = module.bias
+        return blurred
     assert isinstance(module, nn.MaxPool2d)
     pool = BlurMaxPool2d(module.kernel_size, module.stride, module.padding, module.dilation, module.ceil_mode)
     pool.train(module.training)
@@ -230,6 +239,14 @@ def _blurred(model: nn.Module, name: str, blur_first: bool) -> nn.Module:
     parent = model.get_submodule(name.rpartition(".")[0])
     tensors = [*parent.parameters(), *parent.buffers()]
     return pool.to(tensors[0].device) if tensors else pool
+
+
+def _looks_for(replace_convs: bool, replace_maxpools: bool, min_channels: int) -> str:
+    kinds = [f"strided torch.nn.Conv2d with at least {min_channels} input channels"] if replace_convs else []
+    return (
+        " or ".join([*kinds, *(["torch.nn.MaxPool2d"] if replace_maxpools else [])])
+        or "layer (both kinds off)"
+    )
 
 
 def apply_blurpool(
@@ -250,6 +267,8 @@ def apply_blurpool(
         raise TypeError(f"model of type {type(model).__name__}: expected a torch.nn.Module")
     _check(replace_convs, replace_maxpools, blur_first, min_channels)
     names = _blurpool_targets(model, replace_convs, replace_maxpools, min_channels)
+    if not names and not any(isinstance(m, BlurConv2d | BlurMaxPool2d) for m in model.modules()):
+        warn_nothing_to_replace("BlurPool", _looks_for(replace_convs, replace_maxpools, min_channels), model)
     return replace_modules(model, {name: _blurred(model, name, blur_first) for name in names})
 
 

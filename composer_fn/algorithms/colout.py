@@ -21,6 +21,7 @@ from torch import Tensor
 from torch.utils.data import get_worker_info
 
 from composer_fn.algorithms._batch_transform import BatchTransform
+from composer_fn.algorithms._keys import check_key
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
@@ -53,6 +54,7 @@ def colout_params(
 
     ``int((1 - p_row) * height)`` rows and ``int((1 - p_col) * width)`` columns are kept, in increasing order.
     """
+    check_key(key)
     validate.probability("p_row", p_row, hint="the fraction to drop")
     validate.probability("p_col", p_col, hint="the fraction to drop")
     for name, size in (("height", height), ("width", width)):
@@ -149,6 +151,7 @@ def colout_batch(
     True, or when it is ``'auto'`` and the target is image-like (the input's height and width); otherwise it
     is returned unchanged (Composer returns the input alone in that case).
     """
+    check_key(key)
     _check_resize_target(resize_target)
     paired = isinstance(sample, tuple | list)
     items = list(sample) if paired else [sample]

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from composer_fn.algorithms._boxes import box_mask, check_sides, integer_view
+from composer_fn.algorithms._keys import check_key
 from composer_fn.algorithms._label_mixing import LabelMixing
 from composer_fn.algorithms._targets import ensure_targets_one_hot
 from composer_fn.core import random as R
@@ -115,6 +116,7 @@ def cutmix_boxes(
     The traced half of CutMix: the permutation and the box centres come from ``key`` with tensor ops only,
     so it runs inside a compiled step. Box sides are ``floor(cut_ratio * H)`` by ``floor(cut_ratio * W)``.
     """
+    check_key(key)
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be positive")
     check_sides(height, width)
@@ -151,6 +153,7 @@ def cutmix_params(
     With ``length`` (a fraction in [0, 1]) the box sides are ``int(length * H)`` by ``int(length * W)`` and no
     λ is drawn. ``per_sample`` draws a λ and a box for each example instead of one for the batch.
     """
+    check_key(key)
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be positive")
     if not per_sample:
@@ -359,6 +362,8 @@ def cutmix_batch(
     ``y1:y2``). Draws not given explicitly (``bbox``, ``indices``) come from ``key``; a ``bbox`` of shape
     ``[B, 4]`` gives one box per example. Class-index targets need ``num_classes``.
     """
+    if key is not None:
+        check_key(key)
     if bbox is not None and length is not None:
         raise ValueError(f"give length or bbox, not both; got length={length!r} and bbox={bbox!r}")
     if input.dim() < 3:
@@ -423,6 +428,10 @@ class CutMix(LabelMixing[CutMixParams]):
     per_sample: bool = False
     input_key: int | str = 0
     target_key: int | str = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        validate.flag("uniform_sampling", self.uniform_sampling)
 
     def draw(self, key: R.HostKey, batch_size: int | None) -> Tensor:
         return draw_cutmix_lambda(key, self.alpha, batch_size)

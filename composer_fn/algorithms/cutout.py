@@ -13,13 +13,15 @@ bounds, so the whole op is a handful of vectorized tensor ops with static shapes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+from composer_fn.algorithms._augment.inputs import on_pil_or_tensor
 from composer_fn.algorithms._batch_transform import BatchTransform
 from composer_fn.algorithms._boxes import box_mask, check_sides, integer_view
+from composer_fn.algorithms._keys import check_key
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
@@ -64,6 +66,7 @@ def cutout_params(
     ``length`` is the hole side as a fraction of ``min(height, width)``, in [0, 1]; 0 or ``num_holes = 0``
     gives no hole.
     """
+    check_key(key)
     _check(num_holes=num_holes, length=length)
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be positive")
@@ -117,8 +120,10 @@ def cutout_apply(input: Tensor, params: CutOutParams) -> Tensor:
 
     Holes of shape ``[num_holes, 4]`` apply to every image; ``[B, num_holes, 4]`` to image ``b`` of
     ``input [B, ..., H, W]``. Unlike Composer's multiplication by a 0/1 mask, a NaN or infinity inside a hole
-    also becomes zero.
+    also becomes zero. ``input`` is floating-point or ``uint8`` (images); other integer dtypes (token ids,
+    which a hole would overwrite with id 0) raise TypeError.
     """
+    _check_pixels(input)
     boxes = params.boxes.to(input.device)
     if input.dim() < 2:
         raise ValueError(f"input of shape {tuple(input.shape)}: expected [..., H, W]")
@@ -142,22 +147,31 @@ def cutout_apply(input: Tensor, params: CutOutParams) -> Tensor:
 
 
 def cutout_batch(
-    input: Tensor,
+    input: Any,
     num_holes: int = 1,
     length: float = 0.5,
     uniform_sampling: bool = False,
     *,
     key: R.Key,
     per_sample: bool = False,
-) -> Tensor:
-    """Returns ``input`` (one image ``[C, H, W]`` or a batch ``[N, C, H, W]``) with square holes zeroed.
+) -> Any:
+    """Returns ``input`` (one image ``[C, H, W]``, a batch ``[N, C, H, W]`` or a PIL image) with square holes zeroed.
 
     Composer's ``cutout_batch`` with an explicit ``key``; by default every image of the batch loses the same
-    holes, as in Composer, and ``per_sample=True`` draws holes for each image.
+    holes, as in Composer, and ``per_sample=True`` draws holes for each image. A PIL image (mode ``L`` or
+    ``RGB``) gives a PIL image; a tensor keeps its shape and dtype (floating-point, ``float64`` included, or
+    ``uint8``).
     """
-    if not isinstance(input, Tensor) or input.dim() not in (3, 4):
-        shape = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
-        raise ValueError(f"input {shape}: expected one image [C, H, W] or a batch [N, C, H, W]")
+    check_key(key)
+    if not isinstance(input, Tensor):
+        return on_pil_or_tensor(
+            input,
+            lambda image: cutout_batch(image, num_holes, length, uniform_sampling, key=key, per_sample=per_sample),
+            "input",
+        )
+    if input.dim() not in (3, 4):
+        raise ValueError(f"input of shape {tuple(input.shape)}: expected one image [C, H, W] or a batch [N, C, H, W]")
+    _check_pixels(input)
     batch_size = input.shape[0] if input.dim() == 4 else 1
     params = cutout_params(
         key,
@@ -170,6 +184,14 @@ def cutout_batch(
         per_sample=per_sample and input.dim() == 4,
     )
     return cutout_apply(input, params)
+
+
+def _check_pixels(input: Tensor) -> None:
+    if not input.is_floating_point() and input.dtype not in (torch.uint8, torch.bool):
+        raise TypeError(
+            f"input of dtype {input.dtype}: CutOut zeroes pixels of floating-point or uint8 images; other integer "
+            "inputs (token ids) would have ids overwritten with 0"
+        )
 
 
 def _check(*, num_holes: int, length: float) -> None:

@@ -4,8 +4,8 @@ A ``Linear`` with weight ``W [out, in]`` becomes ``Linear(in, r)`` then ``Linear
 becomes a ``k×k`` convolution to ``r`` channels then a ``1×1`` convolution (Composer's ``FactorizedLinear`` and
 ``FactorizedConv2d``). The two factors start from the truncated singular value decomposition of the existing
 weight, split evenly (``U_r·√s`` and ``√s·V_rᵀ``): the best rank-``r`` approximation of the layer for inputs
-of equal variance in every direction, and the layer itself at full rank. Composer instead re-initialises the
-factors at random, which discards what the layer has learned.
+of equal variance in every direction, and the layer itself when its weight has rank ``r`` or less. Composer
+instead re-initialises the factors at random, which discards what the layer has learned.
 
 A layer is replaced when ``min(in, out)`` reaches ``min_channels``/``min_features`` and the latent size ``r``
 reduces the multiply-adds: ``r · (fan_in + out) < fan_in · out`` with ``fan_in = in · k_h · k_w``, i.e.
@@ -32,7 +32,7 @@ from composer_fn.algorithms._low_rank import (
     matrix_to_conv_weight,
     svd_factors,
 )
-from composer_fn.algorithms._surgery import Surgery, replace_modules
+from composer_fn.algorithms._surgery import Surgery, replace_modules, warn_nothing_to_replace
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
 
@@ -134,7 +134,8 @@ class FactorizedLinear(_TwoFactors):
     def from_linear(cls, module: nn.Linear, latent_features: int | float = 0.25) -> FactorizedLinear:
         """Returns the factorization of ``module`` at ``latent_features``, from its weight's truncated SVD.
 
-        ``module`` is untouched; at full rank (``min(in, out)``) the result computes the same outputs.
+        ``module`` is untouched. As in Composer, a latent width that saves no multiply-adds
+        (``r · (in + out) >= in · out``) is refused with a ValueError.
         """
         if not isinstance(module, nn.Linear):
             raise TypeError(f"module={type(module).__name__} must be a torch.nn.Linear")
@@ -180,17 +181,18 @@ class FactorizedConv2d(_TwoFactors):
     def from_conv2d(cls, module: nn.Conv2d, latent_channels: int | float = 0.25) -> FactorizedConv2d:
         """Returns the factorization of ``module`` at ``latent_channels``, from its weight's truncated SVD.
 
-        ``module`` is untouched. At full rank (``min(in · k_h · k_w, out)``) the result computes the same
-        outputs; ``latent_channels`` as a fraction is of ``min(in_channels, out_channels)``, as in Composer.
+        ``module`` is untouched; ``latent_channels`` as a fraction is of ``min(in_channels, out_channels)``. As in
+        Composer, a latent width that saves no multiply-adds (``r · (fan_in + out) >= fan_in · out`` with
+        ``fan_in = in · k_h · k_w``) is refused with a ValueError.
         """
         if not isinstance(module, nn.Conv2d):
             raise TypeError(f"module={type(module).__name__} must be a torch.nn.Conv2d")
         if module.groups != 1:
             raise ValueError(f"module has groups={module.groups}: grouped convolutions cannot be factorized")
         kernel = _pair(module.kernel_size)
-        fan_in = module.in_channels * math.prod(kernel)
-        rank = latent_size(latent_channels, module.in_channels, module.out_channels)
-        _checked_rank("latent_channels", latent_channels, fan_in, module.out_channels, rank=rank)
+        rank = _checked_rank(
+            "latent_channels", latent_channels, module.in_channels, module.out_channels, kernel
+        )
         first, second = svd_factors(conv_weight_to_matrix(module.weight.detach()), rank)
         with torch.device("meta"):
             module0 = nn.Conv2d(
@@ -213,12 +215,20 @@ def _pair(values: tuple[int, ...]) -> tuple[int, int]:
 
 
 def _checked_rank(
-    name: str, latent: int | float, in_size: int, out_size: int, rank: int | None = None
+    name: str, latent: int | float, in_size: int, out_size: int, kernel_size: tuple[int, ...] = ()
 ) -> int:
+    """Returns the latent width of ``latent``; ValueError unless that width saves multiply-adds (Composer's rule)."""
     check_latent(name, latent)
-    rank = latent_size(latent, in_size, out_size) if rank is None else rank
-    if rank > min(in_size, out_size):
-        raise ValueError(f"{name}={latent!r} gives rank {rank}, above the full rank {min(in_size, out_size)}")
+    rank = latent_size(latent, in_size, out_size)
+    largest = max_rank_with_speedup(in_size, out_size, kernel_size)
+    if rank > largest:
+        fan_in = in_size * math.prod(kernel_size)
+        accepted = f"at most {largest}" if largest >= 1 else "none: this layer is too small to factorize"
+        raise ValueError(
+            f"{name}={latent!r} gives {rank} latent widths, which saves no multiply-adds on a layer of fan-in "
+            f"{fan_in} and {out_size} outputs (r · (fan_in + out) must be below fan_in · out); accepted: "
+            f"{accepted}"
+        )
     return rank
 
 
@@ -263,6 +273,12 @@ def _factorized(
         else:
             assert isinstance(layer, nn.Linear)
             replacements[name] = FactorizedLinear.from_linear(layer, latent_features)
+    if not replacements and not any(
+        isinstance(m, FactorizedConv2d | FactorizedLinear) for m in module.modules()
+    ):
+        warn_nothing_to_replace(
+            "Factorize", "torch.nn.Conv2d or torch.nn.Linear wide enough to factorize", module, stacklevel=4
+        )
     return replace_modules(module, replacements)
 
 

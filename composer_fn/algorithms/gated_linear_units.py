@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from composer_fn.algorithms._surgery import Surgery, replace_modules
+from composer_fn.algorithms._surgery import Surgery, replace_modules, warn_nothing_to_replace
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
@@ -122,7 +122,9 @@ def _check_act_fn(act_fn: object) -> None:
 
 
 def _glu_targets(model: nn.Module) -> dict[str, nn.Module]:
-    found = {}
+    found: dict[str, nn.Module] = {}
+    if isinstance(model, nn.Module) and not hasattr(model, "blocks"):
+        return found
     for name, block in protocol_blocks(model):
         feed_forward = protocol_attribute(block, "feed_forward", f"model.{name}")
         if not isinstance(feed_forward, GatedFeedForward):
@@ -149,8 +151,9 @@ def apply_gated_linear_units(
 ) -> nn.Module:
     """Returns a copy of ``model`` whose feed-forwards are gated linear units; ``model`` is untouched.
 
-    ``model`` follows the transformer protocol (``composer_fn.nn.blocks``); a model that does not
-    raises a TypeError naming the missing attribute. Each replaced ``blocks.i.feed_forward`` draws its
+    ``model`` follows the transformer protocol (``composer_fn.nn.blocks``): a model without ``blocks`` comes
+    back as an unchanged copy with a warning, as from every surgery that finds nothing to replace; blocks
+    that break the protocol raise a TypeError naming the missing attribute. Each replaced ``blocks.i.feed_forward`` draws its
     parameters from ``fold_in(key, name_to_int("blocks.i.feed_forward"))`` with ``init_parameters``, in the
     old layer's dtype and device. Feed-forwards that are already gated are kept, so applying twice equals
     applying once.
@@ -168,6 +171,10 @@ def apply_gated_linear_units(
     if not isinstance(key, Tensor) or key.dtype != torch.int64 or key.shape != (2,):
         raise ValueError(f"key={key!r} must be one key: an int64 tensor of shape [2], e.g. key(0)")
     replacements: dict[str, nn.Module] = {}
+    if not hasattr(model, "blocks"):
+        warn_nothing_to_replace(
+            "GatedLinearUnits", "transformer blocks (model.blocks, see composer_fn.nn.blocks)", model
+        )
     for name, feed_forward in _glu_targets(model).items():
         where = f"model.{name}"
         up = _input_layer(feed_forward, where)
@@ -204,7 +211,6 @@ class GatedLinearUnits(Surgery):
         gated_layer_bias: whether the gate's linear layer has a bias.
         non_gated_layer_bias: whether the other input linear layer has a bias.
     """
-
 
     act_fn: str | None = None
     gated_layer_bias: bool = False

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from composer_fn.algorithms._surgery import Surgery, matching_modules, replace_modules
+from composer_fn.algorithms._surgery import Surgery, matching_modules, replaced, shared_copy
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
 
@@ -106,12 +106,15 @@ _GHOSTS: dict[type[nn.Module], type[_GhostBatchNorm]] = {
 
 def ghost_batchnorm_from(batchnorm: nn.Module, ghost_batch_size: int = 32) -> nn.Module:
     """Returns the ghost version of a ``BatchNorm{1,2,3}d`` with copies of its tensors; the input is untouched."""
+    return _reclassed(batchnorm, copy.deepcopy(batchnorm), ghost_batch_size)
+
+
+def _reclassed(batchnorm: nn.Module, ghost: nn.Module, ghost_batch_size: int) -> nn.Module:
+    # A re-classed copy keeps every setting and tensor of the layer, including those only some PyTorch
+    # versions have (the ``bias`` flag); the subclass adds nothing but ``ghost_batch_size``.
     cls = _GHOSTS.get(type(batchnorm))
     if cls is None:
         raise TypeError(f"batchnorm={type(batchnorm).__name__} must be a torch.nn.BatchNorm1d, 2d or 3d")
-    # A re-classed copy keeps every setting and tensor of the layer, including those only some PyTorch
-    # versions have (the ``bias`` flag); the subclass adds nothing but ``ghost_batch_size``.
-    ghost = copy.deepcopy(batchnorm)
     ghost.__class__ = cls
     assert isinstance(ghost, _GhostBatchNorm)
     ghost.ghost_batch_size = ghost_batch_size
@@ -125,10 +128,14 @@ def _targets(module: nn.Module) -> list[str]:
 def apply_ghost_batchnorm(model: nn.Module, ghost_batch_size: int = 32) -> nn.Module:
     """Returns a copy of ``model`` whose ``BatchNorm{1,2,3}d`` layers are ghost batch norms; ``model`` is untouched."""
     validate.integer("ghost_batch_size", ghost_batch_size, minimum=1)
+    # The layers keep the model's own tensors, which ``replace_modules`` moves onto its copy: ties stay.
     replacements = {
-        name: ghost_batchnorm_from(model.get_submodule(name), ghost_batch_size) for name in _targets(model)
+        name: _reclassed(layer, shared_copy(layer), ghost_batch_size)
+        for name in _targets(model)
+        for layer in [model.get_submodule(name)]
     }
-    return replace_modules(model, replacements)
+    looks_for = "torch.nn.BatchNorm1d, BatchNorm2d or BatchNorm3d"
+    return replaced(model, replacements, method="GhostBatchNorm", looks_for=looks_for, rewritten=_GhostBatchNorm)
 
 
 @register

@@ -41,6 +41,7 @@ from composer_fn.algorithms._surgery import (
     Surgery,
     matching_modules,
     replace_modules,
+    warn_nothing_to_replace,
 )
 from composer_fn.core import random as R
 from composer_fn.core import validate
@@ -153,6 +154,8 @@ def _with_gyro_dropout(
         name: GyroDropoutLayer(p, sigma, tau, period, R.fold_in(key, R.name_to_int(name)))
         for name in _targets(module)
     }
+    if not replacements and not any(isinstance(m, GyroDropoutLayer) for m in module.modules()):
+        warn_nothing_to_replace("GyroDropout", "torch.nn.Dropout", module, stacklevel=4)
     return replace_modules(module, replacements)
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
-from composer_fn.algorithms._targets import ensure_targets_one_hot
+from composer_fn.algorithms._targets import class_dimension, ensure_targets_one_hot
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, register
 from composer_fn.core.event import Event
@@ -21,15 +22,22 @@ __all__ = ["LabelSmoothing", "smooth_labels"]
 
 
 def smooth_labels(logits: Tensor, target: Tensor, smoothing: float | Tensor = 0.1) -> Tensor:
-    """Returns the smoothed targets ``(1 - smoothing) * one_hot(target) + smoothing / C``.
+    """Returns the smoothed targets ``(1 - smoothing) * one_hot(target) + smoothing / C``, shaped like ``logits``.
 
-    ``C = logits.shape[1]``. ``target`` holds class indices (``[B, ...]``) or class probabilities shaped like
-    ``logits``; each output row sums to 1 when the input row does. ``smoothing = 0`` gives the one-hot targets.
+    Index or probability is decided by rank, as in Composer: ``target`` of the logits' rank holds class
+    probabilities (an integer one-hot target from ``F.one_hot`` included) over ``C = logits.shape[1]``; one rank
+    less holds class indices, along dim 1 of ``[N, C, ...]`` logits (``C = logits.shape[1]``) or, when only
+    that fits, along the last dim of sequence logits ``[B, S, V]`` against ``[B, S]`` targets (``C = V``).
+    Each output row sums to 1 when the input row does; ``smoothing = 0`` gives the one-hot targets. A target
+    that fits neither way, or (eagerly) a class index outside ``[0, C)``, raises ValueError.
     """
     if validate.is_real(smoothing):
         validate.real("smoothing", smoothing, minimum=0.0, maximum=1.0)
-    num_classes = logits.shape[1]
-    one_hot = ensure_targets_one_hot(target, num_classes)
+    dim = class_dimension(logits, target)
+    num_classes = logits.shape[dim]
+    if target.dim() == logits.dim() and not target.is_floating_point():
+        target = target.to(torch.float32)
+    one_hot = ensure_targets_one_hot(target, num_classes, class_last=dim == -1)
     return one_hot * (1.0 - smoothing) + smoothing / num_classes
 
 

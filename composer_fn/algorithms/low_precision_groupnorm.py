@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composer_fn.algorithms._autocast import low_precision_forward
-from composer_fn.algorithms._surgery import Surgery, matching_modules, replace_modules
+from composer_fn.algorithms._surgery import Surgery, matching_modules, replaced, shared_copy
 from composer_fn.core.algorithm import register
 from composer_fn.core.state import PRECISIONS
 
@@ -48,11 +48,14 @@ class LPGroupNorm(nn.GroupNorm):
 
 def low_precision_groupnorm_from(groupnorm: nn.GroupNorm) -> LPGroupNorm:
     """Returns an ``LPGroupNorm`` with ``groupnorm``'s settings and copies of its tensors; the input is untouched."""
+    return _reclassed(groupnorm, copy.deepcopy(groupnorm))
+
+
+def _reclassed(groupnorm: nn.GroupNorm, low: nn.Module) -> LPGroupNorm:
     if type(groupnorm) is not nn.GroupNorm:
         raise TypeError(f"groupnorm={type(groupnorm).__name__} must be a torch.nn.GroupNorm")
     # A re-classed copy keeps every setting and tensor of the layer, including those only some PyTorch
     # versions have (the ``bias`` flag); the subclass changes only the forward.
-    low = copy.deepcopy(groupnorm)
     low.__class__ = LPGroupNorm
     assert isinstance(low, LPGroupNorm)
     return low
@@ -63,11 +66,20 @@ def _targets(module: nn.Module) -> list[str]:
 
 
 def _converted(module: nn.Module) -> nn.Module:
+    # The layers keep the model's own tensors, which ``replace_modules`` moves onto its copy: ties stay.
     replacements: dict[str, nn.Module] = {
-        name: low_precision_groupnorm_from(module.get_submodule(name))  # type: ignore[arg-type]
+        name: _reclassed(layer, shared_copy(layer))  # type: ignore[arg-type]
         for name in _targets(module)
+        for layer in [module.get_submodule(name)]
     }
-    return replace_modules(module, replacements)
+    return replaced(
+        module,
+        replacements,
+        method="LowPrecisionGroupNorm",
+        looks_for="torch.nn.GroupNorm",
+        rewritten=LPGroupNorm,
+        stacklevel=5,
+    )
 
 
 def apply_low_precision_groupnorm(model: nn.Module, precision: str | None = None) -> nn.Module:
@@ -90,10 +102,6 @@ def apply_low_precision_groupnorm(model: nn.Module, precision: str | None = None
             stacklevel=2,
         )
         return copy.deepcopy(model)
-    if not _targets(model):
-        warnings.warn(
-            "apply_low_precision_groupnorm found no nn.GroupNorm in the model", UserWarning, stacklevel=2
-        )
     return _converted(model)
 
 

@@ -24,7 +24,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composer_fn.algorithms._autocast import low_precision_forward
-from composer_fn.algorithms._surgery import Surgery, matching_modules, replace_modules
+from composer_fn.algorithms._surgery import (
+    Surgery,
+    matching_modules,
+    replace_modules,
+    warn_nothing_to_replace,
+)
 from composer_fn.core.algorithm import register
 from composer_fn.core.state import PRECISIONS
 
@@ -55,6 +60,9 @@ def _low_precision(layer: nn.LayerNorm) -> LPLayerNorm:
             converted.weight.copy_(layer.weight)
         if layer.bias is not None:
             converted.bias.copy_(layer.bias)
+    # The layer's own tensors, which ``replace_modules`` moves onto its copy: a weight tied elsewhere stays tied.
+    converted.weight = layer.weight
+    converted.bias = layer.bias
     return converted
 
 
@@ -66,6 +74,8 @@ def _layer_norms(model: nn.Module) -> dict[str, nn.LayerNorm]:
 
 
 def _converted(model: nn.Module, layers: dict[str, nn.LayerNorm]) -> nn.Module:
+    if not layers and not any(isinstance(m, LPLayerNorm) for m in model.modules()):
+        warn_nothing_to_replace("LowPrecisionLayerNorm", "torch.nn.LayerNorm", model, stacklevel=4)
     return replace_modules(model, {name: _low_precision(layer) for name, layer in layers.items()})
 
 
@@ -89,10 +99,6 @@ def apply_low_precision_layernorm(model: nn.Module, precision: str | None = None
             stacklevel=2,
         )
         return replace_modules(model, {})
-    if not layers:
-        warnings.warn(
-            "apply_low_precision_layernorm found no nn.LayerNorm in the model", UserWarning, stacklevel=2
-        )
     return _converted(model, layers)
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from composer_fn.algorithms._keys import check_key
 from composer_fn.algorithms._label_mixing import LabelMixing
 from composer_fn.algorithms._targets import ensure_targets_one_hot
 from composer_fn.core import random as R
@@ -70,6 +71,7 @@ def mixup_params(key: R.Key, batch_size: int, *, alpha: float = 0.2, per_sample:
 
     ``per_sample`` draws one mixing weight per example (``[B]``) instead of one for the batch (0-d).
     """
+    check_key(key)
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be positive")
     if per_sample:
@@ -124,6 +126,8 @@ def mixup_batch(
     ``per_sample`` draws one mixing weight per example, and an explicit ``mixing`` of shape ``[B]`` gives one.
     Class-index targets need ``num_classes``; probability targets of shape ``[B, C, ...]`` do not.
     """
+    if key is not None:
+        check_key(key)
     batch_size = input.shape[0]
     if (mixing is None or indices is None) and key is None:
         raise ValueError("key is required unless both mixing= and indices= are given")

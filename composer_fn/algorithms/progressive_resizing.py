@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from composer_fn.algorithms._keys import check_key
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, register
@@ -78,6 +79,7 @@ def crop_params(key: R.Key, height: int, width: int, crop_height: int, crop_widt
 
     Every position that keeps the crop inside the image is possible, the last one included.
     """
+    check_key(key)
     if not (0 < crop_height <= height and 0 < crop_width <= width):
         raise ValueError(
             f"crop of {crop_height}x{crop_width} does not fit an image of {height}x{width}: expected "
@@ -122,8 +124,12 @@ def _resized(
     if (new_height, new_width) == (height, width):
         return input, target
     if mode == "resize":
-        new_target = _resize_target(target, new_height, new_width) if resize_targets else target
-        return resize_apply(input, new_height, new_width), new_target
+        if not resize_targets:
+            return resize_apply(input, new_height, new_width), target
+        # The target is scaled in its own resolution, which may differ from the input's.
+        target_height, target_width = target.shape[-2], target.shape[-1]
+        target_size = (max(target_height * new_height // height, 1), max(target_width * new_width // width, 1))
+        return resize_apply(input, new_height, new_width), _resize_target(target, *target_size)
     assert key is not None
     params = crop_params(key, height, width, new_height, new_width)
     if not resize_targets:
@@ -150,8 +156,12 @@ def resize_batch(
 
     ``'resize'`` interpolates (nearest), ``'crop'`` takes one random crop of ``int(scale * H) x int(scale * W)``
     for the whole batch, its corner drawn from ``key``. ``scale_factor >= 1`` returns the batch unchanged.
-    Targets are resized only with ``resize_targets`` (``[N, H, W]`` masks or ``[N, C, H, W]`` maps).
+    Targets are resized only with ``resize_targets`` (``[N, H, W]`` masks or ``[N, C, H, W]`` maps), by the
+    same factor in their own resolution: a ``16 x 16`` target of a ``32 x 32`` input becomes ``8 x 8`` when
+    the input becomes ``16 x 16`` (``new_size * target_size // input_size``, at least 1).
     """
+    if key is not None:
+        check_key(key)
     validate.choice("mode", mode, MODES)
     if input.dim() < 3:
         raise ValueError(f"input of shape {tuple(input.shape)}: expected at least [N, H, W] to resize")

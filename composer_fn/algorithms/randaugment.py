@@ -13,13 +13,14 @@ data-loader workers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from composer_fn.algorithms import _augment as ops
 from composer_fn.algorithms._batch_transform import BatchTransform
+from composer_fn.algorithms._keys import check_key
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
@@ -54,6 +55,7 @@ def randaugment_params(
     key: R.Key, batch_size: int, *, depth: int = 2, severity: float = 9, augmentation_set: str = "all"
 ) -> RandAugmentParams:
     """Returns the ops and strengths for ``batch_size`` images, drawn from ``key`` on the key's device."""
+    check_key(key)
     _check(severity, depth, augmentation_set)
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be positive")
@@ -90,21 +92,36 @@ def randaugment_apply(images: Tensor, params: RandAugmentParams) -> Tensor:
 def randaugment_batch(
     input: Tensor, severity: float = 9, depth: int = 2, augmentation_set: str = "all", *, key: R.Key
 ) -> Tensor:
-    """Returns RandAugment of a ``[B, C, H, W]`` batch, every image with its own draws from ``key``."""
-    ops.check_images(input, "input")
-    params = randaugment_params(
-        key, input.shape[0], depth=depth, severity=severity, augmentation_set=augmentation_set
+    """Returns RandAugment of a ``[B, C, H, W]`` batch, every image with its own draws from ``key``.
+
+    ``input`` is ``uint8``, or floating (``float64`` included, augmented in ``float32``) in ``[0, 1]``: run
+    eagerly, a floating batch outside that range raises ValueError. The result has the input's dtype.
+    """
+    check_key(key)
+    _check(severity, depth, augmentation_set)
+    return ops.augment_batch(
+        input, lambda images: _randaugment(images, severity, depth, augmentation_set, key), "RandAugment"
     )
-    return randaugment_apply(input, params)
+
+
+def _randaugment(images: Tensor, severity: float, depth: int, augmentation_set: str, key: R.Key) -> Tensor:
+    ops.check_images(images, "input")
+    params = randaugment_params(
+        key, images.shape[0], depth=depth, severity=severity, augmentation_set=augmentation_set
+    )
+    return randaugment_apply(images, params)
 
 
 def randaugment_image(
-    img: Tensor, severity: float = 9, depth: int = 2, augmentation_set: str = "all", *, key: R.Key
-) -> Tensor:
-    """Returns RandAugment of one ``[C, H, W]`` image (or of a ``[B, C, H, W]`` batch), drawn from ``key``."""
-    if isinstance(img, Tensor) and img.dim() == 3:
-        return randaugment_batch(img.unsqueeze(0), severity, depth, augmentation_set, key=key)[0]
-    return randaugment_batch(img, severity, depth, augmentation_set, key=key)
+    img: Any, severity: float = 9, depth: int = 2, augmentation_set: str = "all", *, key: R.Key
+) -> Any:
+    """Returns RandAugment of one ``[C, H, W]`` image, a ``[B, C, H, W]`` batch or a PIL image, drawn from ``key``.
+
+    The result is of the kind given: a PIL image (mode ``L`` or ``RGB``) for a PIL image, else a tensor of
+    the input's shape and dtype (see ``randaugment_batch`` for the dtypes and range).
+    """
+    check_key(key)
+    return ops.on_image_or_batch(img, lambda images: randaugment_batch(images, severity, depth, augmentation_set, key=key))
 
 
 def _check(severity: float, depth: int, augmentation_set: str) -> None:
@@ -161,4 +178,5 @@ class RandAugment(BatchTransform):
         _check(self.severity, self.depth, self.augmentation_set)
 
     def transform(self, key: R.Key, input: Tensor) -> Tensor:
-        return randaugment_batch(input, self.severity, self.depth, self.augmentation_set, key=key)
+        # The values of a traced batch cannot be read; the Trainer checks the first batch's range instead.
+        return _randaugment(input, self.severity, self.depth, self.augmentation_set, key)

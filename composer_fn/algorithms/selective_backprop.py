@@ -13,6 +13,7 @@ discarded; Composer's scoring pass, in train mode, updates them).
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from torch import Tensor
 
+from composer_fn.algorithms._keys import check_key
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, register
@@ -61,6 +63,7 @@ def selection_weights(batch_size: int, keep: float) -> Tensor:
 
 def select_indices(key: R.Key, losses: Tensor, keep: float) -> Tensor:
     """Returns the indices of the ``int(keep * N)`` samples drawn by loss rank (see the module docstring)."""
+    check_key(key)
     validate.real("keep", keep, minimum=0.0, maximum=1.0, open_below=True)
     if losses.dim() != 1:
         raise ValueError(f"losses of shape {tuple(losses.shape)}: expected one loss per sample, [N]")
@@ -89,6 +92,19 @@ def _downscale(input: Tensor, scale_factor: float) -> Tensor:
     return F.interpolate(input, scale_factor=scale_factor, mode=_INTERPOLATION[input.dim()])
 
 
+def _takes_reduction(loss_fun: Callable[..., Tensor]) -> bool:
+    try:
+        parameters = inspect.signature(loss_fun).parameters.values()
+    except (TypeError, ValueError):
+        # No signature to read (some builtins): the call itself will say.
+        return True
+    return any(
+        (p.name == "reduction" and p.kind is not inspect.Parameter.POSITIONAL_ONLY)
+        or p.kind is inspect.Parameter.VAR_KEYWORD
+        for p in parameters
+    )
+
+
 def select_using_loss(
     input: Tensor,
     target: Tensor,
@@ -101,13 +117,18 @@ def select_using_loss(
 ) -> tuple[Tensor, Tensor]:
     """Returns the pruned ``(input, target)``: ``int(keep * N)`` samples drawn by loss rank (Composer's function).
 
-    ``loss_fun(outputs, target, reduction="none")`` must return per-sample losses; ``model`` is called once, without
+    ``loss_fun(outputs, target, reduction="none")`` must return per-sample losses (a ``loss_fun`` without a
+    ``reduction`` keyword raises TypeError before the model runs); ``model`` is called once, without
     gradients, on the input downscaled by ``scale_factor`` (in (0, 1]).
     """
+    check_key(key)
     validate.real("keep", keep, minimum=0.0, maximum=1.0, open_below=True)
     validate.real("scale_factor", scale_factor, minimum=0.0, maximum=1.0, open_below=True)
-    if not callable(loss_fun):
-        raise TypeError(f"loss_fun={loss_fun!r} must be callable as loss_fun(outputs, target, reduction='none')")
+    if not callable(loss_fun) or not _takes_reduction(loss_fun):
+        raise TypeError(
+            f"loss_fun={loss_fun!r} must take a reduction keyword, as loss_fun(outputs, target, reduction='none') "
+            "returning per-sample losses (torch.nn.functional.cross_entropy does)"
+        )
     with torch.no_grad():
         losses = loss_fun(model(_downscale(input, scale_factor)), target, reduction="none")
         if losses.dim() > 1:

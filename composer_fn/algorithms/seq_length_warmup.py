@@ -73,7 +73,8 @@ def set_batch_sequence_length(
 
     ``batch`` is a mapping, tuple or list (a NamedTuple stays one) of tensors ``[B, S, ...]``. The batch's
     length ``S`` is dim 1 of its first tensor of two or more dimensions; when ``curr_seq_len >= S`` the batch
-    is returned as it is.
+    is returned as it is. A floating-point tensor of four or more dimensions marks an image batch, which
+    raises ValueError rather than pass through unchanged.
 
     - ``truncate=True``: every tensor becomes ``t[:, :curr_seq_len]``. With ``preserve_end_of_sequence``, the
       last token of each row is kept: its value moves to position ``min(end, curr_seq_len - 1)``, where
@@ -86,6 +87,13 @@ def set_batch_sequence_length(
     """
     validate.integer("curr_seq_len", curr_seq_len, minimum=1)
     names, tensors = _items(batch)
+    for name, tensor in zip(names, tensors, strict=True):
+        if tensor.is_floating_point() and tensor.dim() >= 4:
+            raise ValueError(
+                f"batch item {name!r} is a floating-point tensor of shape {tuple(tensor.shape)}, an image batch: "
+                "sequence length warmup cuts token sequences [batch, sequence, ...] and would leave images as they "
+                "are; use it with sequence models only"
+            )
     sequence_length = next((t.shape[1] for t in tensors if t.dim() > 1), 0)
     if curr_seq_len >= sequence_length:
         return batch

@@ -12,13 +12,12 @@ key, a different key for each replaced convolution; the convolution keeps its we
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from composer_fn.algorithms._surgery import Surgery, matching_modules, replace_modules
+from composer_fn.algorithms._surgery import Surgery, matching_modules, replaced, shared_copy
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
@@ -142,11 +141,13 @@ def apply_squeeze_excite(
         raise ValueError(f"key={key!r} must be one key: an int64 tensor of shape [2], e.g. key(0)")
     replacements = {}
     for name in _squeeze_excite_targets(model, min_channels):
-        conv = copy.deepcopy(model.get_submodule(name))
+        # The model's own convolution, which ``replace_modules`` moves onto its copy: its ties stay.
+        conv = shared_copy(model.get_submodule(name))
         assert isinstance(conv, nn.Conv2d)
         layer_key = R.fold_in(key.cpu(), R.name_to_int(name))
         replacements[name] = SqueezeExciteConv2d(conv, latent_channels, key=layer_key)
-    return replace_modules(model, replacements)
+    looks_for = f"torch.nn.Conv2d with at least {min_channels} input and output channels"
+    return replaced(model, replacements, method="SqueezeExcite", looks_for=looks_for, rewritten=SqueezeExciteConv2d)
 
 
 @register

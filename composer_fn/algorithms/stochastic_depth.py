@@ -26,9 +26,7 @@ surgeries (BlurPool, SqueezeExcite) in the same run.
 
 from __future__ import annotations
 
-import copy
 import functools
-import warnings
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,7 +35,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from composer_fn.algorithms._surgery import Surgery, replace_modules
+from composer_fn.algorithms._surgery import Surgery, replace_modules, shared_copy, warn_nothing_to_replace
 from composer_fn.algorithms._timing import stored_time
 from composer_fn.core import random as R
 from composer_fn.core import validate
@@ -160,14 +158,11 @@ def apply_stochastic_depth(
     _check(target_layer_name, stochastic_method, drop_rate, drop_distribution)
     names = _stochastic_depth_targets(model, target_layer_name)
     if not names and not _branch_names(model):
-        warnings.warn(
-            f"StochasticDepth found no {target_layer_name} block in {type(model).__name__}, so it changes nothing; "
-            f"target_layer_name accepts {', '.join(TARGET_LAYER_NAMES)}",
-            stacklevel=2,
-        )
+        looks_for = f"{target_layer_name} block (target_layer_name accepts {', '.join(TARGET_LAYER_NAMES)})"
+        warn_nothing_to_replace("StochasticDepth", looks_for, model)
     rates = drop_rates(drop_rate, len(names), drop_distribution)
     replacements: dict[str, nn.Module] = {
-        name: StochasticBranch(copy.deepcopy(model.get_submodule(name)), rate, stochastic_method)
+        name: StochasticBranch(shared_copy(model.get_submodule(name)), rate, stochastic_method)
         for name, rate in zip(names, rates, strict=True)
     }
     return replace_modules(model, replacements)

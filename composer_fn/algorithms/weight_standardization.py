@@ -15,12 +15,13 @@ names, same values).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from composer_fn.algorithms._surgery import Surgery, replace_modules
+from composer_fn.algorithms._surgery import Surgery, replace_modules, warn_nothing_to_replace
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
 
@@ -46,28 +47,33 @@ def standardize_weight(weight: Tensor) -> Tensor:
     return (weight - mean) / torch.sqrt(variance + EPSILON)
 
 
-class WSConv1d(nn.Conv1d):
-    """A ``Conv1d`` that convolves with its standardized weight (``standardize_weight``)."""
+class _Standardized:
+    """What the standardized convolutions add to torch's: the weight they convolve with, and their forward."""
+
+    weight: Tensor
+    bias: Tensor | None
+    _conv_forward: Callable[[Tensor, Tensor, Tensor | None], Tensor]
+
+    @property
+    def standardized_weight(self) -> Tensor:
+        """Returns the weight the convolution uses: ``standardize_weight(self.weight)``."""
+        return standardize_weight(self.weight)
 
     def forward(self, input: Tensor) -> Tensor:
         """Returns the convolution of ``input`` with the standardized weight."""
         return self._conv_forward(input, standardize_weight(self.weight), self.bias)
 
 
-class WSConv2d(nn.Conv2d):
-    """A ``Conv2d`` that convolves with its standardized weight (``standardize_weight``)."""
-
-    def forward(self, input: Tensor) -> Tensor:
-        """Returns the convolution of ``input`` with the standardized weight."""
-        return self._conv_forward(input, standardize_weight(self.weight), self.bias)
+class WSConv1d(_Standardized, nn.Conv1d):
+    """A ``Conv1d`` that convolves with its standardized weight; ``weight`` is the stored, trained weight."""
 
 
-class WSConv3d(nn.Conv3d):
-    """A ``Conv3d`` that convolves with its standardized weight (``standardize_weight``)."""
+class WSConv2d(_Standardized, nn.Conv2d):
+    """A ``Conv2d`` that convolves with its standardized weight; ``weight`` is the stored, trained weight."""
 
-    def forward(self, input: Tensor) -> Tensor:
-        """Returns the convolution of ``input`` with the standardized weight."""
-        return self._conv_forward(input, standardize_weight(self.weight), self.bias)
+
+class WSConv3d(_Standardized, nn.Conv3d):
+    """A ``Conv3d`` that convolves with its standardized weight; ``weight`` is the stored, trained weight."""
 
 
 _STANDARDIZED: dict[type[nn.Module], type[nn.Module]] = {
@@ -88,7 +94,9 @@ def standardized_conv(conv: nn.Conv1d | nn.Conv2d | nn.Conv3d) -> nn.Module:
         raise TypeError(f"conv={type(conv).__name__} must be a torch.nn.Conv1d, Conv2d or Conv3d")
     settings = {name: getattr(conv, name) for name in _CONV_SETTINGS}
     with torch.device("meta"):
-        new = cls(conv.in_channels, conv.out_channels, conv.kernel_size, bias=conv.bias is not None, **settings)
+        new = cls(
+            conv.in_channels, conv.out_channels, conv.kernel_size, bias=conv.bias is not None, **settings
+        )
     new.weight = nn.Parameter(conv.weight.detach().clone(), requires_grad=conv.weight.requires_grad)
     if conv.bias is not None:
         new.bias = nn.Parameter(conv.bias.detach().clone(), requires_grad=conv.bias.requires_grad)
@@ -140,7 +148,18 @@ def _targets(module: nn.Module, n_last_layers_ignore: int) -> list[str]:
 
 
 def _standardized(module: nn.Module, names: list[str]) -> nn.Module:
-    replacements = {name: standardized_conv(module.get_submodule(name)) for name in names}  # type: ignore[arg-type]
+    replacements = {}
+    for name in names:
+        conv = module.get_submodule(name)
+        standardized = standardized_conv(conv)  # type: ignore[arg-type]
+        # The model's own tensors, which ``replace_modules`` moves onto its copy: a tied weight stays tied.
+        standardized.weight = conv.weight
+        standardized.bias = conv.bias
+        replacements[name] = standardized
+    if not any(isinstance(m, _CONVOLUTIONS) for m in module.modules()):
+        warn_nothing_to_replace(
+            "WeightStandardization", "torch.nn.Conv1d, Conv2d or Conv3d", module, stacklevel=4
+        )
     return replace_modules(module, replacements)
 
 

@@ -311,15 +311,19 @@ def host_rng(k: HostKey) -> np.random.Generator:
     return np.random.Generator(np.random.Philox(key=[word0 << 32 | word1, 0]))
 
 
-# A pure function of a constant string: traced code takes its value instead of tracing the loop over bytes,
-# which some dynamo versions (2.11 among them) cannot iterate.
-@torch.compiler.assume_constant_result
 def name_to_int(name: str) -> int:
     """Returns a stable 32-bit integer for ``name``, to fold a name into a key."""
     value = 0x811C9DC5
     for byte in name.encode():
         value = ((value ^ byte) * 0x01000193) & _MASK
     return value
+
+
+# A pure function of a constant string: traced code takes its value instead of tracing the loop over bytes,
+# which some dynamo versions (2.11 among them) cannot iterate. This is the mark that
+# ``torch.compiler.assume_constant_result`` sets (torch 2.5 to 2.14); the decorator itself would import
+# torch._dynamo, a second and a half, with every ``import composer_fn``.
+name_to_int._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def algorithm_key(k: Key, name: str) -> Key:

@@ -20,16 +20,18 @@ __all__ = ["Action", "Progress", "Tick", "run_schedule", "next_tick"]
 
 
 class Action(str, Enum):
-    """What the trainer does between events, when the schedule says."""
+    """What the trainer does between events, when the schedule says.
+
+    - ``STEP``: the traced step on the batch, AFTER_DATALOADER through AFTER_OPTIMIZER_STEP;
+    - ``LOG``: log the training metrics, at the log interval and after the last batch;
+    - ``EVALUATE``: evaluate, at the eval interval and at the end unless just done;
+    - ``SAVE``: write a checkpoint, at the save interval and at the end unless just done.
+    """
 
     STEP = "step"
-    """The traced step on the batch: AFTER_DATALOADER through AFTER_OPTIMIZER_STEP."""
     LOG = "log"
-    """Log the training metrics (at the log interval and after the last batch)."""
     EVALUATE = "evaluate"
-    """Evaluate (at the eval interval, and at the end unless just done)."""
     SAVE = "save"
-    """Write a checkpoint (at the save interval, and at the end unless just done)."""
 
 
 class Progress(NamedTuple):

@@ -44,11 +44,12 @@ def causal_lm_loss(target_key: int | str = 1) -> LossFn:
     """Returns ``loss_fn(outputs, batch)``: the mean cross-entropy of logits ``[B, S, V]`` against ``batch[target_key]``.
 
     The labels ``int64 [B, S]`` hold, at each position, the id of the token that follows; every position of
-    every row counts once.
+    every row counts once. Probability targets ``[B, S, V]`` (smoothed or mixed labels) are taken as well.
     """
 
     def loss_fn(outputs: Tensor, batch: Any) -> Tensor:
         labels = batch_get(batch, target_key)
-        return F.cross_entropy(outputs.flatten(0, -2), labels.flatten())
+        targets = labels.flatten(0, -2) if labels.is_floating_point() else labels.flatten()
+        return F.cross_entropy(outputs.flatten(0, -2), targets)
 
     return loss_fn

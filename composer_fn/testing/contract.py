@@ -23,7 +23,9 @@ CausalLM, unless their settings name a model.
 
 from __future__ import annotations
 
+import copy as copying
 import tempfile
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,8 +107,8 @@ def make_setup(
     Tokens: a one-block CausalLM over 16 symbols on keyed ``[B, sequence_length]`` token rows with next-token
     labels. Both train with SGD with momentum; the run's ``max_duration`` is ``steps`` batches. ``seed`` draws the
     model and the data; ``key_seed`` (default ``seed``) is the root of the algorithms' random draws.
-    ``modality`` overrides the one the algorithms declare (for a set-up without algorithms); ``model`` the image
-    model.
+    ``modality`` overrides the one the algorithms declare (for a set-up without algorithms); ``model`` the model
+    (a token model reads ``[B, S]`` ids below 16).
     """
     modality = modality or modality_of(algorithms)
     data_key = R.fold_in(R.key(seed), 0xDA7A)
@@ -114,7 +116,8 @@ def make_setup(
     if modality == "tokens":
         from composer_fn.models.lm import CausalLM, causal_lm_loss
 
-        model = CausalLM(16, d_model=16, n_heads=2, n_layers=1, max_seq_len=max(sequence_length, 8))
+        built = CausalLM(16, d_model=16, n_heads=2, n_layers=1, max_seq_len=max(sequence_length, 8))
+        model = given if given is not None else built
         init = init_parameters(model, R.key(seed))
         rows = [R.randint(R.fold_in(data_key, i), 0, 16, (batch_size, sequence_length + 1)) for i in range(steps)]
         batches: tuple[Any, ...] = tuple((row[:, :-1].clone(), row[:, 1:].clone()) for row in rows)
@@ -353,6 +356,123 @@ def check_surgery(algorithm: Algorithm, *, seed: int = 0, settings: CheckSetting
     input = plain.batches[0][0]
     first, second = _outputs(once_static, once, input), _outputs(twice_static, twice, input)
     assert torch.equal(first, second), f"{algorithm.name}: applying twice changed the outputs"
+    _check_aliased_submodule(algorithm, chosen, module, once_static, once, input, seed)
+    _check_tied_weights(algorithm, chosen, module, seed)
+
+
+ALIAS = "contract_alias"
+"""The second name ``check_surgery`` registers a rewritten submodule under."""
+
+TWIN = "contract_twin"
+"""The name of the layer ``check_surgery`` adds that shares every tensor of a rewritten submodule."""
+
+
+def _rewritten(algorithm: Algorithm, chosen: CheckSettings, model: nn.Module, seed: int) -> tuple[Static, State]:
+    setup = make_setup([], seed=seed, modality=chosen.modality, model=model)
+    start = Timestamp().with_max_duration(setup.max_duration)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return run_host_event(Event.INIT, make_plan([algorithm], timestamp=start), setup.static, setup.state, start)
+
+
+def _submodule_or_none(module: nn.Module, name: str) -> nn.Module | None:
+    try:
+        return module.get_submodule(name)
+    except AttributeError:
+        return None
+
+
+def _first_target(algorithm: Algorithm, module: nn.Module) -> str | None:
+    rewrites = algorithm.capabilities().rewrites
+    assert rewrites is not None
+    names = sorted(name for name in rewrites(module) if isinstance(_submodule_or_none(module, name), nn.Module))
+    return names[0] if names else None
+
+
+def _check_aliased_submodule(
+    algorithm: Algorithm,
+    chosen: CheckSettings,
+    module: nn.Module,
+    once_static: Static,
+    once: State,
+    input: Any,
+    seed: int,
+) -> None:
+    # A submodule registered under a second name is rewritten under both: nothing of the original stays
+    # reachable, and the result holds the tensors and computes the outputs of the model that lists it once.
+    name = _first_target(algorithm, module)
+    if name is None:
+        return
+    aliased = copying.deepcopy(module)
+    aliased.register_module(ALIAS, aliased.get_submodule(name))
+    static, state = _rewritten(algorithm, chosen, aliased, seed)
+    result = static.module
+    assert getattr(result, ALIAS) is _submodule_or_none(result, name), (
+        f"{algorithm.name}: a submodule registered as {name!r} and {ALIAS!r} was rewritten under one name only"
+    )
+    originals = {id(m) for m in aliased.modules()} | {id(t) for t in [*aliased.parameters(), *aliased.buffers()]}
+    reachable = [*result.modules(), *result.parameters(), *result.buffers()]
+    assert not any(id(x) in originals for x in reachable), f"{algorithm.name}: the rewrite kept a part of its input"
+    for what, ours, theirs in (("parameters", state.params, once.params), ("buffers", state.buffers, once.buffers)):
+        assert sorted(ours) == sorted(theirs), (
+            f"{algorithm.name}: an aliased submodule gave {what} {sorted(ours)}, listed once {sorted(theirs)}"
+        )
+        assert all(torch.equal(ours[key], theirs[key]) for key in ours), f"{algorithm.name}: aliased {what} differ"
+    first, second = _outputs(static, state, input), _outputs(once_static, once, input)
+    assert torch.equal(first, second), f"{algorithm.name}: an aliased submodule changed the outputs"
+
+
+def _tied_model(algorithm: Algorithm, chosen: CheckSettings, module: nn.Module) -> nn.Module | None:
+    tied = copying.deepcopy(module)
+    if chosen.modality == "tokens":
+        # The usual tie of a language model: the output layer reads the token embedding's weight.
+        head, embedding = getattr(tied, "head", None), getattr(tied, "token_embedding", None)
+        if not isinstance(head, nn.Linear) or not isinstance(embedding, nn.Embedding):
+            return None
+        head.weight = embedding.weight
+        return tied
+    name = _first_target(algorithm, tied)
+    if name is None:
+        return None
+    # A second layer holding the very tensors of a rewritten one, as a shared stem or a tied decoder does.
+    layer = tied.get_submodule(name)
+    twin = copying.deepcopy(layer)
+    for owner, original in zip(twin.modules(), layer.modules(), strict=True):
+        owner._parameters.update(original._parameters)
+        owner._buffers.update(original._buffers)
+    tied.register_module(TWIN, twin)
+    return tied
+
+
+def _carried_over(result: nn.Module, name: str, value: Tensor) -> list[Tensor]:
+    # The tensor at ``name`` in the result, or one wrapper deeper (``a.weight`` as ``a.conv.weight``), where
+    # the rewrite kept its value.
+    path, _, attribute = name.rpartition(".")
+    prefix, depth = (f"{path}." if path else ""), name.count(".") + 1
+    found = [
+        tensor
+        for candidate, tensor in result.named_parameters(remove_duplicate=False)
+        if candidate == name
+        or (candidate.startswith(prefix) and candidate.endswith(f".{attribute}") and candidate.count(".") == depth)
+    ]
+    return [tensor for tensor in found if tensor.shape == value.shape and torch.equal(tensor.detach(), value)]
+
+
+def _check_tied_weights(algorithm: Algorithm, chosen: CheckSettings, module: nn.Module, seed: int) -> None:
+    # Tensors tied before the rewrite and carried over by it stay one tensor (one entry of the state).
+    tied = _tied_model(algorithm, chosen, module)
+    if tied is None:
+        return
+    groups: dict[int, list[str]] = {}
+    for name, parameter in tied.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(parameter), []).append(name)
+    static, _ = _rewritten(algorithm, chosen, tied, seed)
+    for names in (group for group in groups.values() if len(group) > 1):
+        value = tied.get_parameter(names[0]).detach()
+        carried = [_carried_over(static.module, name, value) for name in names]
+        if all(carried):
+            kept = {id(tensor) for found in carried for tensor in found}
+            assert len(kept) == 1, f"{algorithm.name}: the tied parameters {names} are no longer one tensor"
 
 
 _BEFORE_FORWARD = (Event.AFTER_DATALOADER, Event.BEFORE_TRAIN_BATCH, Event.BEFORE_FORWARD)

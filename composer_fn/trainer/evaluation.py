@@ -6,18 +6,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-import torchmetrics
 from torch import Tensor
 
 from composer_fn.core.event import Event
 from composer_fn.core.state import LossFn, State, batch_get
+from composer_fn.trainer.step import class_last
 
 __all__ = ["evaluate"]
-
-
-def _class_last(outputs: Tensor, target: Tensor) -> bool:
-    # Sequence models give [B, S, V] logits against [B, S] targets; image models give [B, C, ...].
-    return outputs.dim() > 2 and outputs.dim() == target.dim() + 1 and outputs.shape[:-1] == target.shape
 
 
 def evaluate(
@@ -33,15 +28,18 @@ def evaluate(
     """Returns ``eval_accuracy`` (multiclass, micro) and ``eval_loss`` (sample-weighted) of ``state``.
 
     ``step`` maps ``(state, batch)`` to outputs; ``batches`` are already on ``device``. ``on_event`` runs at
-    EVAL_BATCH_START and EVAL_BATCH_END of every batch.
+    EVAL_BATCH_START and EVAL_BATCH_END of every batch. An empty ``batches`` is an error, not NaN metrics.
     """
+    # Imported here: torchmetrics loads scipy, which would add a second to every ``import composer_fn``.
+    import torchmetrics
+
     accuracy: torchmetrics.Metric | None = None
     mean_loss = torchmetrics.MeanMetric().to(device)
     for batch in batches:
         on_event(Event.EVAL_BATCH_START)
         outputs = step(state, batch)
         target = batch_get(batch, target_key)
-        predictions = outputs.movedim(-1, 1) if _class_last(outputs, target) else outputs
+        predictions = outputs.movedim(-1, 1) if class_last(outputs, target) else outputs
         if accuracy is None:
             # -100 marks positions without a label (masked-LM targets, padding), as in cross-entropy.
             accuracy = torchmetrics.classification.MulticlassAccuracy(
@@ -51,7 +49,9 @@ def evaluate(
         with torch.no_grad():
             mean_loss.update(loss_fn(outputs.float(), batch), weight=target.shape[0])
         on_event(Event.EVAL_BATCH_END)
+    if accuracy is None:
+        raise ValueError("eval_dataloader yielded no batch: an evaluation needs at least one")
     return {
-        "eval_accuracy": float(accuracy.compute()) if accuracy is not None else float("nan"),
+        "eval_accuracy": float(accuracy.compute()),
         "eval_loss": float(mean_loss.compute()),
     }

@@ -240,9 +240,15 @@ class _NoBlocks(nn.Module):
         self.layer = nn.Linear(2, 2)
 
 
-def test_a_model_off_the_protocol_is_refused_naming_the_missing_attribute() -> None:
-    with pytest.raises(TypeError, match="'blocks'"):
-        apply_alibi(_NoBlocks(), 16)
+def test_a_model_without_blocks_is_returned_unchanged_with_a_warning() -> None:
+    model = _NoBlocks()
+    with pytest.warns(UserWarning, match="Alibi found no transformer blocks"):
+        rewritten = apply_alibi(model, 16)
+    assert rewritten is not model and repr(rewritten) == repr(model)
+    assert Alibi().targets(model) == frozenset()
+
+
+def test_blocks_off_the_protocol_are_refused_naming_the_missing_attribute() -> None:
     model = _model(0)
     del model.blocks[1].attention.position_bias
     with pytest.raises(TypeError, match=r"model\.blocks\.1\.attention .*'position_bias'"):

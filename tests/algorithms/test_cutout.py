@@ -231,3 +231,12 @@ def test_bad_arguments_name_the_argument_and_value() -> None:
         cutout_batch(torch.zeros(2, 2), key=R.key(0))
     with pytest.raises(ValueError, match="per-sample holes for 3 images"):
         cutout_apply(torch.zeros(2, 1, 4, 4), cutout_params(R.key(0), 3, 4, 4, per_sample=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8], ids=str)
+def test_integer_inputs_other_than_uint8_images_are_refused_naming_the_dtype(dtype) -> None:
+    tokens = torch.arange(2 * 16 * 16).reshape(2, 1, 16, 16).to(dtype)
+    with pytest.raises(TypeError, match=f"input of dtype {dtype}: CutOut zeroes pixels of floating-point or uint8"):
+        cutout_batch(tokens, key=R.key(0))
+    with pytest.raises(TypeError, match=f"input of dtype {dtype}"):
+        CutOut().transform(R.key(0), tokens)

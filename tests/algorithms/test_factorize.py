@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -67,35 +67,72 @@ class _Wide(nn.Module):
         return self.head(self.wide_linear(features))
 
 
-@given(seeds, st.integers(1, 12), st.integers(1, 12), st.booleans())
+def _of_rank(seed: int, rank: int, rows: int, columns: int) -> torch.Tensor:
+    """A ``[rows, columns]`` matrix of rank ``rank`` (almost surely)."""
+    left = R.normal(R.fold_in(R.key(seed), 7), (rows, rank))
+    return left @ R.normal(R.fold_in(R.key(seed), 8), (rank, columns))
+
+
+@given(seeds, st.integers(3, 12), st.integers(3, 12), st.booleans(), st.data())
 @settings(max_examples=10, deadline=None)
-def test_a_full_rank_linear_factorization_reproduces_the_layer(seed, in_features, out_features, bias) -> None:
+def test_a_linear_factorization_at_the_weights_own_rank_reproduces_the_layer(
+    seed, in_features, out_features, bias, data
+):
+    rank = data.draw(st.integers(1, max_rank_with_speedup(in_features, out_features)))
     layer = _linear(seed, in_features, out_features, bias)
-    factorized = FactorizedLinear.from_linear(layer, min(in_features, out_features))
+    with torch.no_grad():
+        layer.weight.copy_(_of_rank(seed, rank, out_features, in_features))
+    factorized = FactorizedLinear.from_linear(layer, rank)
     x = R.normal(R.fold_in(R.key(seed), 1), (5, in_features))
-    torch.testing.assert_close(factorized(x), layer(x), rtol=0, atol=1e-5)
+    torch.testing.assert_close(factorized(x), layer(x), rtol=0, atol=1e-4)
 
 
-@given(seeds, st.integers(1, 6), st.integers(1, 8), st.sampled_from([1, 3]), st.integers(1, 2), st.booleans())
+@given(seeds, st.integers(2, 6), st.integers(2, 8), st.sampled_from([1, 3]), st.integers(1, 2), st.booleans())
 @settings(max_examples=10, deadline=None)
-def test_a_full_rank_conv_factorization_reproduces_the_layer(
+def test_a_conv_factorization_at_the_weights_own_rank_reproduces_the_layer(
     seed, in_channels, out_channels, kernel, stride, bias
 ):
     layer = _conv(seed, in_channels, out_channels, kernel, stride=stride, padding=kernel // 2, bias=bias)
-    full = min(in_channels * kernel * kernel, out_channels)
-    factorized = FactorizedConv2d.from_conv2d(layer, full)
+    rank = max_rank_with_speedup(in_channels, out_channels, (kernel, kernel))
+    assume(rank >= 1)
+    fan_in = in_channels * kernel * kernel
+    with torch.no_grad():
+        layer.weight.copy_(_of_rank(seed, rank, out_channels, fan_in).reshape(layer.weight.shape))
+    factorized = FactorizedConv2d.from_conv2d(layer, rank)
     x = R.normal(R.fold_in(R.key(seed), 1), (2, in_channels, 7, 7))
-    torch.testing.assert_close(factorized(x), layer(x), rtol=0, atol=1e-5)
-    assert factorized.module1.kernel_size == (1, 1) and factorized.latent_channels == full
+    torch.testing.assert_close(factorized(x), layer(x), rtol=0, atol=1e-4)
+    assert factorized.module1.kernel_size == (1, 1) and factorized.latent_channels == rank
 
 
-@given(seeds, st.integers(2, 10), st.integers(2, 10), st.data())
+@pytest.mark.parametrize(
+    ("build", "largest"),
+    [
+        (lambda: FactorizedLinear.from_linear(_linear(0, 8, 8), 4), 3),
+        (lambda: FactorizedLinear.from_linear(_linear(0, 7, 5), 3), 2),
+        (lambda: FactorizedLinear.from_linear(_linear(0, 10, 10), 0.5), 4),
+        (lambda: FactorizedConv2d.from_conv2d(_conv(0, 8, 8, 1), 4), 3),
+        (lambda: FactorizedConv2d.from_conv2d(_conv(0, 4, 4, 3), 4), 3),
+    ],
+)
+def test_a_latent_width_that_saves_no_multiply_adds_is_refused(build, largest) -> None:
+    with pytest.raises(ValueError, match=f"latent_.* saves no multiply-adds.*at most {largest}"):
+        build()
+
+
+def test_layers_whose_latent_width_saves_nothing_are_left_alone() -> None:
+    model = nn.Sequential(_linear(0, 8, 8), _linear(1, 10, 10))
+    with pytest.warns(UserWarning, match="changes nothing"):
+        rewritten = apply_factorization(model, min_features=8, latent_features=0.5)
+    assert [type(layer) for layer in rewritten] == [nn.Linear, nn.Linear]
+
+
+@given(seeds, st.integers(3, 10), st.integers(3, 10), st.data())
 @settings(max_examples=10, deadline=None)
 def test_a_low_rank_factorization_is_the_best_approximation_of_the_weight(
     seed, in_features, out_features, data
 ):
     # Eckart-Young: the best rank-r approximation misses exactly the singular values it drops.
-    rank = data.draw(st.integers(1, min(in_features, out_features)))
+    rank = data.draw(st.integers(1, max_rank_with_speedup(in_features, out_features)))
     layer = _linear(seed, in_features, out_features)
     factorized = FactorizedLinear.from_linear(layer, rank)
     product = (factorized.module1.weight @ factorized.module0.weight).detach()
@@ -206,16 +243,31 @@ def test_the_functional_form_equals_the_records_rewrite(seed) -> None:
     assert all(torch.equal(t, rewritten.state_dict()[n]) for n, t in functional.state_dict().items())
 
 
-@given(seeds, st.integers(3, 8), st.integers(3, 8))
+@given(seeds, st.integers(3, 8), st.integers(3, 8), st.integers(0, 4))
 @settings(max_examples=10, deadline=None)
-def test_factorize_matrix_at_full_rank_reproduces_the_outputs(seed, inputs, outputs) -> None:
+def test_factorize_matrix_at_a_rank_that_saves_nothing_is_one_regression_reproducing_the_outputs(
+    seed, inputs, outputs, above
+) -> None:
     layer = _linear(seed, inputs, outputs)
     x = R.normal(R.fold_in(R.key(seed), 1), (64, inputs))
     y = layer(x).detach()
-    solution = factorize_matrix(
-        x, y, layer.weight.detach().T, bias=layer.bias.detach(), rank=min(inputs, outputs)
-    )
-    torch.testing.assert_close(x @ solution.Wa @ solution.Wb + solution.bias, y, rtol=0, atol=1e-5)
+    rank = min(inputs, outputs) + above
+    solution = factorize_matrix(x, y, layer.weight.detach().T, bias=layer.bias.detach(), rank=rank)
+    assert solution.Wb is None and solution.rank == -1 and solution.Wa.shape == (inputs, outputs)
+    torch.testing.assert_close(x @ solution.Wa + solution.bias, y, rtol=0, atol=1e-5)
+    assert solution.nmse < 1e-9
+
+
+@given(seeds, st.integers(1, 3), st.integers(0, 3))
+@settings(max_examples=10, deadline=None)
+def test_factorize_matrix_keeps_an_earlier_factorization_it_cannot_narrow(seed, latent, above) -> None:
+    first = R.normal(R.fold_in(R.key(seed), 1), (8, latent))
+    second = R.normal(R.fold_in(R.key(seed), 2), (latent, 6))
+    x = R.normal(R.fold_in(R.key(seed), 3), (32, 8))
+    y = x @ first @ second
+    solution = factorize_matrix(x, y, first, second, rank=latent + above)
+    assert solution.rank == latent and solution.Wb is not None
+    assert torch.equal(solution.Wa, first) and torch.equal(solution.Wb, second)
     assert solution.nmse < 1e-9
 
 
@@ -235,14 +287,29 @@ def test_fitting_on_data_is_no_worse_than_the_svd_it_starts_from(seed, inputs, o
 
 @given(seeds, st.integers(1, 4), st.integers(1, 6))
 @settings(max_examples=5, deadline=None)
-def test_factorize_conv2d_at_full_rank_reproduces_the_convolution(seed, in_channels, out_channels) -> None:
+def test_factorize_conv2d_at_full_rank_is_one_regressed_convolution_reproducing_the_layer(
+    seed, in_channels, out_channels
+) -> None:
     layer = _conv(seed, in_channels, out_channels, 3, padding=1)
     x = R.normal(R.fold_in(R.key(seed), 1), (4, in_channels, 6, 6))
     rank = min(in_channels * 9, out_channels)
     solution = factorize_conv2d(x, layer.weight, rank=rank, biasA=layer.bias, padding=1)
-    assert solution.Wa.shape == (rank, in_channels, 3, 3) and solution.Wb.shape == (out_channels, rank, 1, 1)
-    rebuilt = F.conv2d(F.conv2d(x, solution.Wa, padding=1), solution.Wb, solution.bias)
+    assert solution.Wb is None and solution.rank == -1
+    assert solution.Wa.shape == (out_channels, in_channels, 3, 3)
+    rebuilt = F.conv2d(x, solution.Wa, solution.bias, padding=1)
     torch.testing.assert_close(rebuilt, layer(x).detach(), rtol=0, atol=1e-5)
+
+
+@given(seeds, st.integers(2, 4), st.integers(4, 8))
+@settings(max_examples=5, deadline=None)
+def test_factorize_conv2d_below_full_rank_gives_a_kxk_then_a_1x1_convolution(
+    seed, in_channels, out_channels
+) -> None:
+    layer = _conv(seed, in_channels, out_channels, 3, padding=1)
+    x = R.normal(R.fold_in(R.key(seed), 1), (4, in_channels, 6, 6))
+    solution = factorize_conv2d(x, layer.weight, rank=2, biasA=layer.bias, padding=1)
+    assert solution.rank == 2 and solution.Wb is not None
+    assert solution.Wa.shape == (2, in_channels, 3, 3) and solution.Wb.shape == (out_channels, 2, 1, 1)
 
 
 def test_the_contract_form_factorizes_the_suite_model_at_init() -> None:

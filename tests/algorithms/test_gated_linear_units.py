@@ -178,9 +178,14 @@ def test_the_new_layers_follow_the_models_dtype_and_the_default_initialisation_b
     assert float(ff.down.weight.detach().abs().max()) <= 1 / math.sqrt(64)
 
 
-def test_a_model_off_the_protocol_is_refused_naming_the_missing_attribute() -> None:
-    with pytest.raises(TypeError, match="'blocks'"):
-        apply_gated_linear_units(nn.Sequential(nn.Linear(2, 2)), key=R.key(0))
+def test_a_model_without_blocks_is_returned_unchanged_with_a_warning() -> None:
+    model = nn.Sequential(nn.Linear(2, 2))
+    with pytest.warns(UserWarning, match="GatedLinearUnits found no transformer blocks"):
+        rewritten = apply_gated_linear_units(model, key=R.key(0))
+    assert rewritten is not model and repr(rewritten) == repr(model)
+
+
+def test_blocks_off_the_protocol_are_refused_naming_the_missing_attribute() -> None:
     model = _model()
     model.blocks[0].feed_forward = nn.Sequential(nn.Linear(8, 8))
     with pytest.raises(TypeError, match=r"model\.blocks\.0\.feed_forward .*'up'"):

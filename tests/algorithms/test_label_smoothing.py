@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -78,3 +80,50 @@ def test_out_of_range_smoothing_is_rejected_with_its_value(smoothing) -> None:
         smooth_labels(torch.zeros(1, 2), torch.zeros(1, dtype=torch.long), smoothing)
     with pytest.raises(ValueError, match=f"smoothing={smoothing}"):
         LabelSmoothing(smoothing=smoothing)
+
+
+@given(seeds, sizes, classes, st.floats(0.0, 1.0))
+def test_an_integer_one_hot_target_of_the_logits_rank_is_a_probability_target(
+    seed, batch, num_classes, smoothing
+) -> None:
+    logits, target = _case(seed, batch, num_classes)
+    one_hot = F.one_hot(target, num_classes)
+    assert one_hot.dtype == torch.int64
+    smoothed = smooth_labels(logits, one_hot, smoothing)
+    assert smoothed.shape == (batch, num_classes)
+    assert torch.equal(smoothed, smooth_labels(logits, target, smoothing))
+
+
+@pytest.mark.parametrize(
+    ("logits_shape", "target_shape"), [((8, 10), (5,)), ((8, 10), (8, 9)), ((2, 3, 4), (2, 5)), ((4, 3), (4, 3, 1, 1))]
+)
+def test_a_target_that_does_not_fit_the_logits_is_refused_naming_both_shapes(logits_shape, target_shape) -> None:
+    target = torch.zeros(target_shape, dtype=torch.int64)
+    with pytest.raises(ValueError, match=re.escape(f"target of shape {target_shape}")) as raised:
+        smooth_labels(torch.zeros(logits_shape), target)
+    assert str(logits_shape) in str(raised.value)
+
+
+def test_a_class_index_beyond_the_logits_classes_is_refused_with_its_value() -> None:
+    with pytest.raises(ValueError, match=r"target holds class 7: class indices must lie in \[0, 2\]"):
+        smooth_labels(torch.zeros(2, 3), torch.tensor([0, 7]))
+
+
+@given(seeds, st.integers(1, 3), st.integers(2, 6), st.integers(2, 9), st.floats(0.0, 1.0))
+def test_causal_lm_targets_are_smoothed_over_the_vocabulary(seed, batch, length, vocab, smoothing) -> None:
+    from composer_fn.algorithms import LabelSmoothing
+    from composer_fn.core.state import State, StepCtx
+
+    if length == vocab:
+        length += 1  # [B, S, S] logits are read as Composer does: classes along dim 1.
+    logits = R.normal(R.fold_in(R.key(seed), 0), (batch, length, vocab))
+    tokens = R.randint(R.fold_in(R.key(seed), 1), 0, vocab, (batch, length))
+    smoothed = smooth_labels(logits, tokens, smoothing)
+    expected = F.one_hot(tokens, vocab).float() * (1 - smoothing) + smoothing / vocab
+    assert smoothed.shape == (batch, length, vocab)
+    torch.testing.assert_close(smoothed, expected)
+    algorithm = LabelSmoothing(smoothing=smoothing)
+    ctx = StepCtx(batch=(tokens, tokens), key=R.key(seed), loss_fn=lambda o, b: o.sum(), outputs=logits)
+    state = State.__new__(State)
+    _, ctx = algorithm._smooth(state, ctx)
+    torch.testing.assert_close(ctx.batch[1], expected)

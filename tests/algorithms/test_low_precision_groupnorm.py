@@ -122,7 +122,7 @@ def test_the_functional_form_does_nothing_for_fp32_and_converts_otherwise() -> N
     assert unchanged is not model and type(unchanged.norm) is nn.GroupNorm
     assert type(apply_low_precision_groupnorm(model).norm) is LPGroupNorm
     assert type(apply_low_precision_groupnorm(model, "bf16-mixed").norm) is LPGroupNorm
-    with pytest.warns(UserWarning, match="no nn.GroupNorm"):
+    with pytest.warns(UserWarning, match="found no torch.nn.GroupNorm"):
         apply_low_precision_groupnorm(nn.Linear(2, 2))
     with pytest.raises(ValueError, match="precision"):
         apply_low_precision_groupnorm(model, "amp_bf16")

@@ -134,7 +134,7 @@ def test_fp32_has_no_effect_with_a_warning_and_other_precisions_are_refused() ->
     assert _structure(unchanged) == _structure(model) and unchanged is not model
     with pytest.raises(ValueError, match="precision='fp16'"):
         apply_low_precision_layernorm(model, "fp16")
-    with pytest.warns(UserWarning, match="no nn.LayerNorm"):
+    with pytest.warns(UserWarning, match="found no torch.nn.LayerNorm"):
         apply_low_precision_layernorm(nn.Sequential(nn.Linear(2, 2)))
     with pytest.raises(TypeError, match="model"):
         apply_low_precision_layernorm("model")  # type: ignore[arg-type]

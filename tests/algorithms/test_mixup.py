@@ -207,3 +207,55 @@ def test_compiled_per_sample_mixing_equals_eager_bitwise(fresh_compiler) -> None
     indices = R.permutation(R.key(3), 6)
     for eager, fast in zip(mix(x, y, indices, mixing), compiled(x, y, indices, mixing), strict=True):
         assert torch.equal(eager, fast)
+
+
+@pytest.mark.parametrize("record", ["MixUp", "CutMix"])
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("alpha", float("nan"), ValueError),
+        ("alpha", float("inf"), ValueError),
+        ("alpha", "0.2", ValueError),
+        ("alpha", -0.1, ValueError),
+        ("per_sample", "yes", TypeError),
+        ("per_sample", 1, TypeError),
+        ("interpolate_loss", "no", TypeError),
+    ],
+)
+def test_bad_hyperparameters_of_the_label_mixing_records_are_refused_by_name(record, field, value, error) -> None:
+    from composer_fn import algorithms as A
+
+    with pytest.raises(error, match=f"{field}={value!r}"):
+        getattr(A, record)(**{field: value})
+
+
+def test_cutmix_uniform_sampling_must_be_a_bool() -> None:
+    from composer_fn.algorithms import CutMix
+
+    with pytest.raises(TypeError, match="uniform_sampling='yes' must be True or False"):
+        CutMix(uniform_sampling="yes")
+
+
+def test_a_label_beyond_the_classes_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match=r"target holds class 4: class indices must lie in \[0, 3\]"):
+        mixup_targets(torch.tensor([0, 4]), torch.tensor([1, 0]), 0.3, 4)
+    with pytest.raises(ValueError, match=r"target holds class -1"):
+        mixup_batch(torch.rand(2, 3), torch.tensor([-1, 1]), key=R.key(0), num_classes=4)
+
+
+def test_an_integer_one_hot_target_is_mixed_as_probabilities_by_the_algorithm() -> None:
+    from composer_fn.core.event import Event
+    from composer_fn.core.state import StepCtx
+
+    algorithm = MixUp(alpha=1.0)
+    plan = make_plan([algorithm])
+    labels = torch.tensor([0, 2, 1, 3])
+    logits = torch.zeros(4, 4)
+    pairing = mixup_params(R.key(3), 4, alpha=1.0)
+    results = []
+    for target in (labels, F.one_hot(labels, 4)):
+        batch = (torch.rand(4, 3), target)
+        ctx = StepCtx(batch, R.key(3), lambda o, b: o.sum(), outputs=logits, scratch={"mixup": pairing})
+        _, ctx = plan.hooks[Event.BEFORE_LOSS][0](None, ctx)
+        results.append(ctx.batch[1])
+    assert results[0].shape == (4, 4) and torch.equal(results[0], results[1])

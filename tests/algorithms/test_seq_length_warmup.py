@@ -403,3 +403,15 @@ def test_a_changing_length_honours_the_contract(algorithm: SeqLengthWarmup, chec
 @pytest.mark.parametrize("algorithm", CHANGING[:2], ids=repr)
 def test_a_changing_length_compiles_to_the_eager_result(algorithm: SeqLengthWarmup) -> None:
     check_compiled_matches_eager(algorithm)
+
+
+@pytest.mark.parametrize("as_mapping", [False, True])
+def test_an_image_batch_is_refused_rather_than_passed_through(as_mapping) -> None:
+    images, labels = torch.rand(4, 3, 32, 32), torch.zeros(4, dtype=torch.int64)
+    batch = {"input": images, "labels": labels} if as_mapping else (images, labels)
+    name = "'input'" if as_mapping else "0"
+    with pytest.raises(ValueError, match=rf"batch item {name} is a floating-point tensor of shape \(4, 3, 32, 32\)"):
+        set_batch_sequence_length(batch, 8)
+    hook = SeqLengthWarmup(duration="2ba", min_seq_length=8, max_seq_length=16).traced_hooks(8)
+    with pytest.raises(ValueError, match="an image batch"):
+        next(iter(hook.values()))(None, StepCtx(batch, R.key(0), lambda o, b: o.sum()))

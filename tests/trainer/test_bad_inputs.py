@@ -185,3 +185,27 @@ def test_a_loader_of_bare_tensors_is_refused_instead_of_reading_rows_as_items() 
     with pytest.raises(TypeError, match="train_dataloader yields Tensor batches; expected tuples"):
         trainer.fit()
     assert trainer.timestamp.batch == 0
+
+
+def test_an_evaluation_loader_without_batches_is_refused_instead_of_giving_nan() -> None:
+    trainer = _trainer(eval_dataloader=[])
+    with pytest.raises(ValueError, match="eval_dataloader yielded no batch"):
+        trainer.eval()
+
+
+def test_label_smoothing_trains_a_causal_lm_with_its_own_loss() -> None:
+    from composer_fn import LabelSmoothing
+    from composer_fn.models.lm import causal_lm_loss
+
+    rows = R.randint(R.key(1), 0, 16, (32, 9))
+    data = (rows[:, :-1].contiguous(), rows[:, 1:].contiguous())
+    trainer = Trainer(
+        CausalLM(16, d_model=16, n_heads=2, n_layers=1, max_seq_len=8),
+        TensorLoader(data, batch_size=16, seed=0),
+        max_duration="2ba",
+        optimizer=optim.adamw(1e-2),
+        algorithms=[LabelSmoothing(0.1)],
+        loss_fn=causal_lm_loss(),
+        progress_bar=False,
+    )
+    assert torch.isfinite(torch.tensor(trainer.fit()["loss"]))

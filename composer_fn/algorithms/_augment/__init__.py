@@ -43,6 +43,7 @@ from composer_fn.algorithms._augment.functional import (
     translate_x,
     translate_y,
 )
+from composer_fn.algorithms._augment.inputs import augment_batch, on_image_or_batch, on_pil_or_tensor
 from composer_fn.algorithms._augment.levels import to_levels
 from composer_fn.algorithms._augment.primitives import (
     AUTOCONTRAST,
@@ -84,6 +85,7 @@ __all__ = [
     "TRANSLATE_Y",
     "KeyedTransform",
     "apply_op",
+    "augment_batch",
     "augmentation_sets",
     "autocontrast",
     "brightness",
@@ -93,6 +95,8 @@ __all__ = [
     "contrast",
     "draw_ops",
     "equalize",
+    "on_image_or_batch",
+    "on_pil_or_tensor",
     "op_arguments",
     "posterize",
     "rotate",

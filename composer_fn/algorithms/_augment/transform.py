@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
+from composer_fn.algorithms._augment.inputs import on_pil_or_tensor
+from composer_fn.algorithms._keys import check_key
 from composer_fn.core import random as R
 
 
@@ -44,21 +45,16 @@ class KeyedTransform:
         Accepts a ``[C, H, W]`` tensor (``uint8`` or float in ``[0, 1]``) or a PIL image in mode ``L`` or ``RGB``,
         and returns the same kind.
         """
+        if key is not None:
+            check_key(key)
         draw_key = self._key(index, key)
-        if isinstance(img, Tensor):
-            if img.dim() != 3:
-                raise ValueError(f"img of shape {tuple(img.shape)}: expected one [C, H, W] image")
-            return self._augment(img.unsqueeze(0), draw_key)[0]
-        from PIL import Image
 
-        if not isinstance(img, Image.Image) or img.mode not in ("L", "RGB"):
-            raise TypeError(
-                f"img of type {type(img).__name__}: expected a [C, H, W] tensor or an L/RGB PIL image"
-            )
-        array = torch.from_numpy(np.array(img, dtype=np.uint8))
-        batch = (array.unsqueeze(0) if array.dim() == 2 else array.permute(2, 0, 1)).unsqueeze(0)
-        out = self._augment(batch, draw_key)[0]
-        return Image.fromarray((out[0] if img.mode == "L" else out.permute(1, 2, 0)).contiguous().numpy())
+        def augment(image: Tensor) -> Tensor:
+            if image.dim() != 3:
+                raise ValueError(f"img of shape {tuple(image.shape)}: expected one [C, H, W] image")
+            return self._augment(image.unsqueeze(0), draw_key)[0]
+
+        return on_pil_or_tensor(img, augment)
 
     def _augment(self, batch: Tensor, key: R.Key) -> Tensor:
         """Returns the augmented ``[1, C, H, W]`` batch (each transform defines it)."""
