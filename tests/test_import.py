@@ -88,3 +88,16 @@ def test_the_trainer_registers_every_algorithm_that_a_checkpoint_may_name() -> N
         "assert registered == len(composer_fn.algorithms.__all__) == len(REGISTRY), registered\n"
     )
     assert "composer_fn.trainer" in modules_after(code)
+
+
+def test_an_algorithm_named_before_any_is_registered_is_refused_saying_what_to_import() -> None:
+    code = (
+        "from composer_fn.core.algorithm import algorithm_from_config\n"
+        "try:\n"
+        "    algorithm_from_config({'algorithm': 'mixup'})\n"
+        "except ValueError as error:\n"
+        "    assert 'import composer_fn.algorithms' in str(error), error\n"
+        "else:\n"
+        "    raise AssertionError('an unregistered name was accepted')\n"
+    )
+    assert "composer_fn.algorithms" not in modules_after(code)

@@ -158,7 +158,8 @@ def algorithm_from_config(config: Mapping[str, Any]) -> Algorithm:
     """Returns the algorithm described by ``config`` (the output of ``Algorithm.to_config``)."""
     name = config.get("algorithm")
     if name not in REGISTRY:
-        raise ValueError(f"unknown algorithm {name!r}; registered: {', '.join(sorted(REGISTRY))}")
+        registered = ", ".join(sorted(REGISTRY)) or "none yet (import composer_fn.algorithms to register the built-in ones)"
+        raise ValueError(f"unknown algorithm {name!r}; registered: {registered}")
     cls = REGISTRY[name]
     hparams = dict(config.get("hparams", {}))
     field_types = {f.name: f for f in dataclasses.fields(cls)}
