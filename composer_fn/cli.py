@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
+from composer_fn.core import validate
 from composer_fn.core.time import Time, TimeUnit
 
 if TYPE_CHECKING:
@@ -107,9 +108,8 @@ def _checked(accepted: str, parse: Callable[[str], _T | None], valid: Callable[[
     return convert
 
 
-def _epochs_or_batches(text: str) -> Time | None:
-    duration = Time.from_timestring(text)
-    return duration if duration.unit in (TimeUnit.EPOCH, TimeUnit.BATCH) else None
+def _epochs_or_batches(text: str) -> Time:
+    return validate.time("--max-duration", text, (TimeUnit.EPOCH, TimeUnit.BATCH), "10ep")
 
 
 _POSITIVE_INT = _checked("a whole number >= 1", int, lambda n: n >= 1)

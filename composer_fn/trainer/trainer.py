@@ -81,19 +81,13 @@ SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset(
 def _interval(value: str | int | Time | None, argument: str) -> Time | None:
     if value is None:
         return None
-    return _epochs_or_batches(value, argument, "'1ep', '100ba'")
+    return _epochs_or_batches(value, argument, "1ep")
 
 
 def _epochs_or_batches(value: object, argument: str, example: str) -> Time:
-    try:
-        time = Time.from_input(value, TimeUnit.EPOCH)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        time = None
-    if time is None or time.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH) or time.value <= 0:
-        raise ValueError(
-            f"{argument}={value!r} must be a positive number of epochs or batches (a string such as {example}, or "
-            "an int number of epochs)"
-        )
+    time = validate.time(argument, value, (TimeUnit.EPOCH, TimeUnit.BATCH), example, number_unit=TimeUnit.EPOCH)
+    if time.value <= 0:
+        raise ValueError(f"{argument}={value!r} must be a positive amount of epochs or batches, e.g. {example!r}")
     return time
 
 
@@ -190,7 +184,7 @@ class Trainer:
         self.steps_per_epoch = len(train_dataloader)  # type: ignore[arg-type]
         if self.steps_per_epoch < 1:
             raise ValueError("train_dataloader yields no batches")
-        self.max_duration = duration = _epochs_or_batches(max_duration, "max_duration", "'10ep', '500ba'")
+        self.max_duration = duration = _epochs_or_batches(max_duration, "max_duration", "10ep")
         self.scale_schedule_ratio = validate.real(
             "scale_schedule_ratio", scale_schedule_ratio, minimum=0.0, open_below=True
         )

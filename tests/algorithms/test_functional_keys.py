@@ -11,8 +11,9 @@ import torch.nn.functional as F
 
 import composer_fn
 from composer_fn import functional as fn
+from composer_fn import random as R
 
-_images = torch.rand(2, 3, 8, 8)
+_images = R.uniform(R.key(0), (2, 3, 8, 8))
 _labels = torch.tensor([0, 1])
 
 CALLS: dict[str, Callable[[Any], Any]] = {
@@ -32,7 +33,7 @@ CALLS: dict[str, Callable[[Any], Any]] = {
     "augmix_params": lambda key: fn.augmix_params(key, 2),
     "crop_params": lambda key: fn.crop_params(key, 8, 8, 4, 4),
     "resize_batch": lambda key: fn.resize_batch(_images, _labels, 0.5, mode="crop", key=key),
-    "select_indices": lambda key: fn.select_indices(key, torch.rand(4), 0.5),
+    "select_indices": lambda key: fn.select_indices(key, R.uniform(R.key(1), (4,)), 0.5),
     "select_using_loss": lambda key: fn.select_using_loss(
         _images, _labels, lambda x: x.flatten(1)[:, :2], F.cross_entropy, key=key
     ),

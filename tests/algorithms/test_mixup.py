@@ -240,7 +240,7 @@ def test_a_label_beyond_the_classes_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match=r"target holds class 4: class indices must lie in \[0, 3\]"):
         mixup_targets(torch.tensor([0, 4]), torch.tensor([1, 0]), 0.3, 4)
     with pytest.raises(ValueError, match=r"target holds class -1"):
-        mixup_batch(torch.rand(2, 3), torch.tensor([-1, 1]), key=R.key(0), num_classes=4)
+        mixup_batch(R.uniform(R.key(0), (2, 3)), torch.tensor([-1, 1]), key=R.key(0), num_classes=4)
 
 
 def test_an_integer_one_hot_target_is_mixed_as_probabilities_by_the_algorithm() -> None:
@@ -254,7 +254,7 @@ def test_an_integer_one_hot_target_is_mixed_as_probabilities_by_the_algorithm() 
     pairing = mixup_params(R.key(3), 4, alpha=1.0)
     results = []
     for target in (labels, F.one_hot(labels, 4)):
-        batch = (torch.rand(4, 3), target)
+        batch = (R.uniform(R.key(1), (4, 3)), target)
         ctx = StepCtx(batch, R.key(3), lambda o, b: o.sum(), outputs=logits, scratch={"mixup": pairing})
         _, ctx = plan.hooks[Event.BEFORE_LOSS][0](None, ctx)
         results.append(ctx.batch[1])

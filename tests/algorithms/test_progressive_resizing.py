@@ -127,9 +127,9 @@ def test_a_run_compiles_one_step_per_size_and_the_dry_run_predicts_them() -> Non
 
 @pytest.mark.parametrize(("input_side", "target_side", "scale", "expected"), [(32, 16, 0.5, 8), (32, 32, 0.5, 16), (8, 16, 0.25, 4)])
 def test_resize_mode_scales_the_target_in_its_own_resolution(input_side, target_side, scale, expected) -> None:
-    images = torch.rand(2, 3, input_side, input_side)
+    images = R.uniform(R.key(0), (2, 3, input_side, input_side))
     masks = torch.arange(2 * target_side * target_side).remainder(5).reshape(2, target_side, target_side)
-    maps = torch.rand(2, 4, target_side, target_side)
+    maps = R.uniform(R.key(1), (2, 4, target_side, target_side))
     _, resized_masks = resize_batch(images, masks, scale, mode="resize", resize_targets=True)
     _, resized_maps = resize_batch(images, maps, scale, mode="resize", resize_targets=True)
     assert resized_masks.shape == (2, expected, expected) and resized_masks.dtype == masks.dtype

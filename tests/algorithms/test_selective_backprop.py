@@ -113,7 +113,7 @@ def test_a_loss_without_a_reduction_keyword_is_refused_before_the_model_runs() -
         return F.cross_entropy(outputs, target)
 
     with pytest.raises(TypeError, match=r"loss_fun=.*mean_loss.* must take a reduction keyword"):
-        select_using_loss(torch.rand(4, 3), torch.tensor([0, 1, 2, 0]), model, mean_loss, key=R.key(0))
+        select_using_loss(R.uniform(R.key(0), (4, 3)), torch.tensor([0, 1, 2, 0]), model, mean_loss, key=R.key(0))
 
 
 def test_a_loss_taking_reduction_or_any_keyword_is_accepted() -> None:
@@ -121,7 +121,7 @@ def test_a_loss_taking_reduction_or_any_keyword_is_accepted() -> None:
         return F.cross_entropy(outputs, target, **options)
 
     model = torch.nn.Linear(3, 3)
-    input, target = torch.rand(4, 3), torch.tensor([0, 1, 2, 0])
+    input, target = R.uniform(R.key(1), (4, 3)), torch.tensor([0, 1, 2, 0])
     for loss_fun in (loss, F.cross_entropy):
         kept, kept_target = select_using_loss(input, target, model, loss_fun, key=R.key(0))
         assert kept.shape == (2, 3) and kept_target.shape == (2,)

@@ -407,7 +407,7 @@ def test_a_changing_length_compiles_to_the_eager_result(algorithm: SeqLengthWarm
 
 @pytest.mark.parametrize("as_mapping", [False, True])
 def test_an_image_batch_is_refused_rather_than_passed_through(as_mapping) -> None:
-    images, labels = torch.rand(4, 3, 32, 32), torch.zeros(4, dtype=torch.int64)
+    images, labels = R.uniform(R.key(0), (4, 3, 32, 32)), torch.zeros(4, dtype=torch.int64)
     batch = {"input": images, "labels": labels} if as_mapping else (images, labels)
     name = "'input'" if as_mapping else "0"
     with pytest.raises(ValueError, match=rf"batch item {name} is a floating-point tensor of shape \(4, 3, 32, 32\)"):

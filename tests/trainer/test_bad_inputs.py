@@ -17,7 +17,7 @@ from composer_fn.data import TensorLoader
 from composer_fn.models import MLP
 from composer_fn.models.lm import CausalLM
 
-DATA = (torch.randn(32, 6), torch.randint(0, 2, (32,)))
+DATA = (R.normal(R.key(0), (32, 6)), R.randint(R.key(1), 0, 2, (32,)))
 
 
 def _trainer(**options) -> Trainer:
@@ -165,13 +165,13 @@ def test_a_save_folder_that_is_a_file_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("duration", ["10", -1, 1.5, "5sp", "0ep", "0.5dur", True])
 def test_a_run_length_that_is_not_epochs_or_batches_is_refused_naming_it(duration) -> None:
-    with pytest.raises(ValueError, match=rf"max_duration={duration!r} must be a positive number of epochs or batches"):
+    with pytest.raises(ValueError, match=rf"max_duration={duration!r} must be a (time string in ep, ba|positive amount of epochs or batches)"):
         _trainer(max_duration=duration)
 
 
 @pytest.mark.parametrize("interval", ["x", "0ba", "3sp", 2.5])
 def test_an_interval_that_is_not_epochs_or_batches_is_refused_naming_it(interval) -> None:
-    with pytest.raises(ValueError, match=rf"eval_interval={interval!r} must be a positive number of epochs"):
+    with pytest.raises(ValueError, match=rf"eval_interval={interval!r} must be a (time string in ep, ba|positive amount of epochs or batches)"):
         _trainer(eval_dataloader=[DATA], eval_interval=interval)
 
 
