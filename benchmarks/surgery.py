@@ -70,7 +70,7 @@ LM: dict[str, tuple[Algorithm, ...]] = {
 Runner = Callable[[int], None]
 
 
-def _runner(
+def step_runner(
     model: nn.Module, algorithms: tuple[Algorithm, ...], batch: Any, loss_fn: Any, backend: str | None
 ) -> tuple[Runner, int]:
     """Returns a runner of training steps after the algorithms' INIT, and the parameter count."""
@@ -120,11 +120,11 @@ def main() -> None:
     tokens = (rows[:, :-1].contiguous(), rows[:, 1:].contiguous())
     groups: dict[str, dict[str, tuple[Runner, int]]] = {
         "CIFAR ResNet-56": {
-            name: _runner(cifar_resnet56(num_classes=10), algorithms, (images, labels), cross_entropy_loss(), backend)
+            name: step_runner(cifar_resnet56(num_classes=10), algorithms, (images, labels), cross_entropy_loss(), backend)
             for name, algorithms in RESNET.items()
         },
         "CausalLM d128×4": {
-            name: _runner(
+            name: step_runner(
                 CausalLM(96, d_model=128, n_heads=4, n_layers=4, max_seq_len=128),
                 algorithms,
                 tokens,

@@ -229,7 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Returns the exit status of the ``composer-fn`` command line.
 
     A flag with a bad value exits with status 2 and one line on stderr naming the flag, the value and what is
-    accepted.
+    accepted; so does a run that its set-up refuses (a checkpoint that does not fit the task, a folder that cannot
+    be written).
     """
     parser, commands = _parser()
     args = parser.parse_args(argv)
@@ -242,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return run(args, algorithms, TASKS[args.task])
-    except ValueError as error:
+    except (ValueError, TypeError, OSError) as error:
         print(f"composer-fn: {error}", file=sys.stderr)
         return 2
 

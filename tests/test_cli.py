@@ -56,6 +56,23 @@ def test_a_bad_flag_value_exits_with_one_line_naming_flag_value_and_what_is_acce
     assert value in lines[0] and accepted in lines[0]
 
 
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["--save-folder", "pyproject.toml/runs"], "save_folder='pyproject.toml/runs' cannot be created"),
+        (["--log-file", "pyproject.toml/log.jsonl"], "pyproject.toml/log.jsonl"),
+    ],
+)
+def test_a_run_its_set_up_refuses_exits_with_one_line(capsys, monkeypatch, argv, names) -> None:
+    # Paths that pass the flags' own checks but cannot be written: a folder or a file under a file.
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    assert main(["train", "--max-duration", "1ba", "--no-progress", *argv]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("composer-fn: ") and names in lines[0]
+
+
 def test_a_given_batch_size_is_used_rather_than_the_tasks(capsys) -> None:
     # digits: 1437 training samples; 100 per batch gives 15 steps an epoch, the task's 64 would give 23.
     assert main(["plan", "--batch-size", "100", "--max-duration", "2ep"]) == 0

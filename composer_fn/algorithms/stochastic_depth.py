@@ -2,12 +2,22 @@
 
 A residual block computes ``relu(branch(x) + shortcut(x))``. Model surgery at INIT wraps the last layer of
 each target block's branch (``bn2`` of a ``BasicBlock``, ``bn3`` of torchvision's ``Bottleneck``) in a
-``StochasticBranch``, which multiplies the branch's output by
+``StochasticBranch``, which holds the layer's rate and key and
 
-- in training, a Bernoulli(1 − p) draw: one for the whole batch (``'block'``: the block is dropped, its output
-  is ``relu(shortcut(x))``) or one per sample (``'sample'``);
-- in evaluation, the keep probability 1 − p, the expectation of the training mask (Huang et al.'s convention,
-  and Composer's; see Composer issue #372).
+- in training with ``'sample'``, multiplies the branch's output by one Bernoulli(1 − p) draw per sample (a
+  dropped sample's output is ``relu(shortcut(x))``);
+- in training with ``'block'``, leaves the decision to its block: the block becomes a ``StochasticBlock`` of
+  its own class, which draws one Bernoulli(1 − p) for the batch and, when the block is dropped, returns the
+  input path only, as Composer does: ``x`` itself for an identity shortcut, ``relu(shortcut(x))`` for a
+  projection;
+- in evaluation, multiplies by the keep probability 1 − p, the expectation of the training mask (Huang et
+  al.'s convention, and Composer's; see Composer issue #372).
+
+Run eagerly, a dropped block skips its branch: the convolutions are not computed, their parameters get zero
+gradients and their BatchNorm statistics stay as they were, which is the method's saving. Traced (compiled
+or exported), the block computes its branch and multiplies it by the keep mask (behind an identity shortcut it
+then selects ``x`` with ``torch.where``), and keeps the branch's BatchNorm statistics where the block is
+dropped: one static graph with the eager step's result.
 
 The rate of the ``l``-th of ``L`` target blocks (in module order, so by depth) is ``p_l = drop_rate · (l+1)/L``
 with ``'linear'`` and ``drop_rate`` with ``'uniform'``. It lives in each layer's ``drop_rate`` buffer, so a
@@ -16,26 +26,28 @@ tensors only and never recompiles the step.
 
 The draws come from each layer's ``forward_key`` buffer, which the training step fills with a fresh key per
 step and layer: two steps draw differently, the same step redraws identically, and every process of a
-distributed run drops the same blocks. A dropped branch is still computed (multiplied by zero, so its
-parameters get zero gradients): the step keeps one static graph, which fuses and compiles, rather than
-branching on a random value.
+distributed run drops the same blocks.
 
-Wrapping the branch's last layer instead of replacing the block leaves the block's convolutions free for other
-surgeries (BlurPool, SqueezeExcite) in the same run.
+The block keeps its class's children under their own names, so its convolutions stay free for other
+surgeries (BlurPool, SqueezeExcite) in the same run, and parameter names do not change.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
+import importlib
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import is_fake
 
-from composer_fn.algorithms._surgery import Surgery, replace_modules, shared_copy, warn_nothing_to_replace
+from composer_fn.algorithms._surgery import Surgery, replace_modules, warn_nothing_to_replace
 from composer_fn.algorithms._timing import stored_time
 from composer_fn.core import random as R
 from composer_fn.core import validate
@@ -49,6 +61,8 @@ from composer_fn.nn.residual import BasicBlock
 __all__ = [
     "StochasticDepth",
     "StochasticBranch",
+    "StochasticBlock",
+    "stochastic_class",
     "apply_stochastic_depth",
     "drop_rates",
     "warmup_factor",
@@ -77,24 +91,33 @@ def _block_kinds(target_layer_name: str) -> tuple[tuple[type[nn.Module], str], .
 
 
 class StochasticBranch(nn.Module):
-    """The last layer of a residual branch, whose output is kept or dropped: ``layer(x) · mask``.
+    """The last layer of a residual branch, with the rate and key of its block: ``layer(x) · mask``.
 
-    In training, ``mask`` is a Bernoulli(1 − ``drop_rate``) draw from ``forward_key``: one for the batch with
-    ``stochastic_method='block'``, one per sample (dim 0) with ``'sample'``. In evaluation ``mask = 1 −
-    drop_rate``. Buffers: ``drop_rate`` (0-d float), ``forward_key`` (filled by the training step).
+    In training with ``stochastic_method='sample'``, ``mask`` is one Bernoulli(1 − ``drop_rate``) draw per
+    sample (dim 0) from ``forward_key``; with ``'block'``, one draw for the batch, which with ``block_decides``
+    the enclosing ``StochasticBlock`` reads (eagerly it skips a dropped branch, so the mask here is applied
+    only when traced). In evaluation ``mask = 1 − drop_rate``. Buffers: ``drop_rate`` (0-d float),
+    ``forward_key`` (filled by the training step).
     """
 
     drop_rate: Tensor
     forward_key: Tensor
 
     def __init__(
-        self, layer: nn.Module, drop_rate: float, stochastic_method: StochasticMethod = "block"
+        self,
+        layer: nn.Module,
+        drop_rate: float,
+        stochastic_method: StochasticMethod = "block",
+        *,
+        block_decides: bool = False,
     ) -> None:
         super().__init__()
         validate.choice("stochastic_method", stochastic_method, STOCHASTIC_METHODS)
         validate.probability("drop_rate", drop_rate)
+        validate.flag("block_decides", block_decides)
         self.layer = layer
         self.stochastic_method = stochastic_method
+        self.block_decides = block_decides
         device = next((t.device for t in (*layer.parameters(), *layer.buffers())), torch.device("cpu"))
         self.register_buffer("drop_rate", torch.tensor(float(drop_rate), device=device))
         register_forward_key(self)
@@ -103,17 +126,135 @@ class StochasticBranch(nn.Module):
         self.train(layer.training)
 
     def extra_repr(self) -> str:
-        return f"stochastic_method={self.stochastic_method!r}"
+        return f"stochastic_method={self.stochastic_method!r}, block_decides={self.block_decides}"
+
+    def keep_mask(self, shape: tuple[int, ...] = ()) -> Tensor:
+        """Returns the training mask of ``shape``: True where the branch is kept, with probability 1 − rate."""
+        return R.bernoulli(self.forward_key, 1.0 - self.drop_rate, shape)
 
     def forward(self, input: Tensor) -> Tensor:
         """Returns the layer's output times the keep mask (training) or the keep probability (evaluation)."""
         output: Tensor = self.layer(input)
-        keep = 1.0 - self.drop_rate
         if not self.training:
-            return output * keep.to(output.dtype)
+            return output * (1.0 - self.drop_rate).to(output.dtype)
+        if self.stochastic_method == "block" and self.block_decides and _concrete(self.forward_key):
+            # Eagerly the block runs its branch only when kept (see StochasticBlock): nothing to mask.
+            return output
         shape = (output.shape[0],) + (1,) * (output.dim() - 1) if self.stochastic_method == "sample" else ()
-        mask = R.bernoulli(self.forward_key, keep, shape)
-        return output * mask.to(output.dtype)
+        return output * self.keep_mask(shape).to(output.dtype)
+
+
+def _concrete(mask: Tensor) -> bool:
+    """Returns whether ``mask`` holds a real value that Python may branch on (not traced, faked or batched)."""
+    return not (
+        torch.compiler.is_compiling()
+        or is_fake(mask)
+        or torch._C._functorch.is_batchedtensor(mask)
+    )
+
+
+class StochasticBlock(nn.Module):
+    """A residual block of ``TARGET_LAYER_NAMES`` that block-wise StochasticDepth keeps or drops as a whole.
+
+    ``apply_stochastic_depth`` turns a block into an instance of a subclass of both this class and the block's
+    own class, with the same children under the same names, and wraps the branch's last layer
+    (``branch_layer``) in a ``StochasticBranch`` with ``block_decides=True``. In training with
+    ``'block'``, the block draws the branch's keep mask and, when dropped, returns ``dropped_output(x)``
+    (``x`` for an identity shortcut, ``relu(shortcut(x))`` for a projection), as Composer's stochastic blocks
+    do. Run eagerly, a dropped block computes nothing of its branch; traced, it computes the branch, masks it
+    and keeps the dropped branch's buffers as they were, which is the eager result. Otherwise (``'sample'``,
+    evaluation) it is its class's forward.
+    """
+
+    branch_layer: ClassVar[str]
+    """The attribute of the branch's last layer: ``'bn2'`` (``BasicBlock``) or ``'bn3'`` (``Bottleneck``)."""
+    shortcut_layer: ClassVar[str]
+    """The attribute of the shortcut: ``'shortcut'`` (ours) or ``'downsample'`` (torchvision's)."""
+
+    def dropped_output(self, x: Tensor) -> Tensor:
+        """Returns the output of the dropped block: ``x``, or ``relu(shortcut(x))`` for a projection shortcut."""
+        shortcut = getattr(self, self.shortcut_layer, None)
+        if shortcut is None or isinstance(shortcut, nn.Identity):
+            return x
+        return F.relu(shortcut(x))
+
+    def forward(self, x: Tensor) -> Tensor:
+        branch = getattr(self, self.branch_layer)
+        if not (self.training and isinstance(branch, StochasticBranch) and branch.stochastic_method == "block"):
+            return super().forward(x)
+        keep = branch.keep_mask()
+        if _concrete(keep):
+            return super().forward(x) if bool(keep) else self.dropped_output(x)
+        return self._select(keep, x)
+
+    def _select(self, keep: Tensor, x: Tensor) -> Tensor:
+        # One forward, whose branch is multiplied by the keep mask (its StochasticBranch does so when traced): a
+        # dropped block with a projection then gives relu(shortcut(x)) already, one with an identity shortcut
+        # is selected to x. The branch's buffers (BatchNorm statistics) run on copies, and take the copies'
+        # values only where the block is kept; the shortcut's advance either way, as they do eagerly. The
+        # buffers themselves are written after the forward, so nothing autograd saved is modified.
+        shortcut = getattr(self, self.shortcut_layer, None)
+        outside = {id(m) for m in shortcut.modules()} if shortcut is not None else set()
+        slots = [
+            (module._buffers, name, buffer)
+            for module in self.modules()
+            if id(module) not in outside and not isinstance(module, StochasticBranch)
+            for name, buffer in module._buffers.items()
+            if buffer is not None
+        ]
+        tables = [(table, name) for table, name, _ in slots]
+        originals = [buffer for _, _, buffer in slots]
+        copies = [original.clone() for original in originals]
+        try:
+            for (table, name), buffer in zip(tables, copies, strict=True):
+                table[name] = buffer
+            output = super().forward(x)
+        finally:
+            for (table, name), original in zip(tables, originals, strict=True):
+                table[name] = original
+        with torch.no_grad():
+            for original, buffer in zip(originals, copies, strict=True):
+                original.copy_(torch.where(keep, buffer, original))
+        if shortcut is None or isinstance(shortcut, nn.Identity):
+            return torch.where(keep, output, x)
+        return output
+
+
+# The stochastic class of each block class, made on first use; registered in this module under its name so that
+# a pickled model finds it again (``__getattr__`` below makes it in a new process).
+_STOCHASTIC_CLASS_NAMES = {
+    ("composer_fn.nn.residual", "BasicBlock"): "StochasticBasicBlock",
+    ("torchvision.models.resnet", "BasicBlock"): "StochasticTorchvisionBasicBlock",
+    ("torchvision.models.resnet", "Bottleneck"): "StochasticTorchvisionBottleneck",
+}
+
+
+def stochastic_class(kind: type[nn.Module]) -> type[StochasticBlock]:
+    """Returns the ``StochasticBlock`` subclass of the block class ``kind`` (one of ``TARGET_LAYER_NAMES``')."""
+    name = _STOCHASTIC_CLASS_NAMES.get((kind.__module__, kind.__qualname__))
+    if name is None:
+        raise TypeError(f"kind={kind.__qualname__}: expected a block class of {', '.join(TARGET_LAYER_NAMES)}")
+    made = globals().get(name)
+    if made is not None:
+        made_class: type[StochasticBlock] = made
+        return made_class
+    attributes = {
+        "__module__": __name__,
+        "__qualname__": name,
+        "__doc__": f"{kind.__qualname__} that block-wise StochasticDepth keeps or drops whole (see StochasticBlock).",
+        "branch_layer": "bn3" if kind.__name__ == "Bottleneck" else "bn2",
+        "shortcut_layer": "shortcut" if kind is BasicBlock else "downsample",
+    }
+    cls = type(name, (StochasticBlock, kind), attributes)
+    globals()[name] = cls
+    return cls
+
+
+def __getattr__(name: str) -> type[StochasticBlock]:
+    for (module, qualname), stochastic_name in _STOCHASTIC_CLASS_NAMES.items():
+        if name == stochastic_name:
+            return stochastic_class(getattr(importlib.import_module(module), qualname))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def drop_rates(
@@ -127,16 +268,28 @@ def drop_rates(
     return tuple(drop_rate * (index + 1) / count for index in range(count))
 
 
-def _stochastic_depth_targets(model: nn.Module, target_layer_name: str) -> tuple[str, ...]:
+def _target_blocks(model: nn.Module, target_layer_name: str) -> tuple[tuple[str, str], ...]:
+    """Returns ``(block name, branch's last layer)`` for each block of the kind that is not stochastic yet."""
     targets = []
     for name, block in model.named_modules():
         for kind, last in _block_kinds(target_layer_name):
             layer = getattr(block, last, None) if isinstance(block, kind) else None
             # A block whose last layer is already wrapped is stochastic: idempotence.
             if isinstance(layer, nn.Module) and not isinstance(layer, StochasticBranch):
-                targets.append(f"{name}.{last}" if name else last)
+                targets.append((name, last))
                 break
     return tuple(targets)
+
+
+def _stochastic_block(block: nn.Module, branch: StochasticBranch) -> nn.Module:
+    # The block as an instance of its stochastic class: its own children (so that ``replace_modules`` finds them
+    # in the model it copies) and tensors, its branch's last layer wrapped; its other attributes copied.
+    memo: dict[int, object] = {id(x): x for x in [*block.children(), *block.parameters(), *block.buffers()]}
+    stochastic = copy.deepcopy(block, memo)
+    kind = stochastic_class(type(block))
+    stochastic.__class__ = kind
+    stochastic._modules[kind.branch_layer] = branch
+    return stochastic
 
 
 def apply_stochastic_depth(
@@ -149,23 +302,30 @@ def apply_stochastic_depth(
     """Returns a copy of ``model`` whose target residual blocks are stochastic; ``model`` is untouched.
 
     Composer's ``apply_stochastic_depth`` without ``optimizers``. ``target_layer_name`` is one of
-    ``TARGET_LAYER_NAMES``; each block of that kind gets a ``StochasticBranch`` around the last layer of its
-    branch, with the rate ``drop_rates(drop_rate, L, drop_distribution)`` gives it by depth. Nothing is drawn
-    here. Applying it twice gives the model of one application.
+    ``TARGET_LAYER_NAMES``; each block of that kind becomes a ``StochasticBlock`` whose branch's last layer is
+    a ``StochasticBranch``, with the rate ``drop_rates(drop_rate, L, drop_distribution)`` gives it by depth.
+    Nothing is drawn here. Applying it twice gives the model of one application.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model of type {type(model).__name__}: expected a torch.nn.Module")
     _check(target_layer_name, stochastic_method, drop_rate, drop_distribution)
-    names = _stochastic_depth_targets(model, target_layer_name)
-    if not names and not _branch_names(model):
+    blocks = _target_blocks(model, target_layer_name)
+    if not blocks and not _branch_names(model):
         looks_for = f"{target_layer_name} block (target_layer_name accepts {', '.join(TARGET_LAYER_NAMES)})"
         warn_nothing_to_replace("StochasticDepth", looks_for, model)
-    rates = drop_rates(drop_rate, len(names), drop_distribution)
-    replacements: dict[str, nn.Module] = {
-        name: StochasticBranch(shared_copy(model.get_submodule(name)), rate, stochastic_method)
-        for name, rate in zip(names, rates, strict=True)
-    }
-    return replace_modules(model, replacements)
+    rates = drop_rates(drop_rate, len(blocks), drop_distribution)
+    replacements: dict[str, nn.Module] = {}
+    for (name, last), rate in zip(blocks, rates, strict=True):
+        layer = model.get_submodule(name).get_submodule(last)
+        branch = StochasticBranch(layer, rate, stochastic_method, block_decides=True)
+        # The last layer is replaced wherever it is registered, and its block (the root's class changes below).
+        replacements[f"{name}.{last}" if name else last] = branch
+        if name:
+            replacements[name] = _stochastic_block(model.get_submodule(name), branch)
+    rewritten = replace_modules(model, replacements)
+    if blocks and blocks[0][0] == "":
+        rewritten.__class__ = stochastic_class(type(model))
+    return rewritten
 
 
 def _branch_names(model: nn.Module) -> tuple[str, ...]:
@@ -268,7 +428,11 @@ class StochasticDepth(Surgery):
         return _parsed_warmup(self.drop_warmup).value > 0
 
     def targets(self, module: nn.Module) -> frozenset[str]:
-        return frozenset(_stochastic_depth_targets(module, self.target_layer_name))
+        # The branch's last layer, which the rewrite wraps: the block keeps its other children, which stay free
+        # for other surgeries.
+        return frozenset(
+            f"{name}.{last}" if name else last for name, last in _target_blocks(module, self.target_layer_name)
+        )
 
     def rewrite(self, module: nn.Module, key: Tensor) -> nn.Module:
         return apply_stochastic_depth(

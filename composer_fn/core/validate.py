@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeGuard, TypeVar
 if TYPE_CHECKING:
     from composer_fn.core.time import Time, TimeUnit
 
-__all__ = ["is_integer", "is_real", "integer", "real", "probability", "flag", "choice", "time"]
+__all__ = ["is_integer", "is_real", "integer", "real", "probability", "flag", "batch_key", "choice", "time"]
 
 _C = TypeVar("_C")
 
@@ -35,8 +35,7 @@ def _number(value: float) -> str:
 
 def _bounds(minimum: float | None, maximum: float | None, open_below: bool, open_above: bool) -> str:
     if minimum is not None and maximum is not None:
-        low, high = _number(minimum), _number(maximum)
-        return f"in {'(' if open_below else '['}{low}, {high}{')' if open_above else ']'}"
+        return f"in {'(' if open_below else '['}{_number(minimum)}, {_number(maximum)}{')' if open_above else ']'}"
     if minimum is not None:
         return f"{'>' if open_below else '>='} {_number(minimum)}"
     if maximum is not None:
@@ -92,6 +91,13 @@ def flag(argument: str, value: object) -> bool:
     return value
 
 
+def batch_key(argument: str, value: object) -> int | str:
+    """Returns ``value`` if it is a position (int) or a key (str) of a batch; raises TypeError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"{argument}={value!r} must be a position (int) or a key (str) of the batch")
+    return value
+
+
 def choice(argument: str, value: _C, accepted: Collection[_C]) -> _C:
     """Returns ``value`` if it is one of ``accepted``; raises ValueError listing them otherwise."""
     if isinstance(value, bool) or value not in accepted:
@@ -111,10 +117,8 @@ def time(
 
     parsed: Time | None = None
     try:
-        if isinstance(value, Time):
-            parsed = value
-        elif isinstance(value, str):
-            parsed = Time.from_timestring(value)
+        if isinstance(value, Time | str):
+            parsed = value if isinstance(value, Time) else Time.from_timestring(value)
         elif number_unit is not None and is_real(value):
             parsed = Time(value, number_unit)
     except (ValueError, TypeError):

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from composer_fn.core.validate import integer
+from composer_fn.core.validate import flag, integer
 
 __all__ = ["DigitsTask", "load_digits_task", "HELDOUT_EVERY"]
 
@@ -68,6 +68,7 @@ def load_digits_task(*, upsample: int = 1, standardize: bool = True) -> DigitsTa
     pixels stay in ``[0, 1]`` instead.
     """
     integer("upsample", upsample, minimum=1, hint="the factor applied to the 8x8 images")
+    flag("standardize", standardize)
     raw_images, raw_labels = _bundled_digits()
     images = torch.tensor(raw_images, dtype=torch.float64).unsqueeze(1) / _MAX_PIXEL
     labels = torch.tensor(raw_labels, dtype=torch.int64)

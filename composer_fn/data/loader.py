@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from composer_fn.core.random import fold_in, key, permutation
-from composer_fn.core.validate import integer
+from composer_fn.core.validate import flag, integer
 
 __all__ = ["TensorLoader"]
 
@@ -46,8 +46,8 @@ class TensorLoader:
             )
         self.tensors = tensors
         self.batch_size = integer("batch_size", batch_size, minimum=1)
-        self.shuffle = bool(shuffle)
-        self.drop_last = bool(drop_last)
+        self.shuffle = flag("shuffle", shuffle)
+        self.drop_last = flag("drop_last", drop_last)
         self.seed = seed
         self._root = key(seed)  # validates seed
         self._epoch = 0

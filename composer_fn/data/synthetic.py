@@ -9,6 +9,7 @@ from torch import Tensor
 
 from composer_fn.core.random import Key, fold_in, normal, randint
 from composer_fn.core.validate import integer, is_integer, real
+from composer_fn.nn.init import require_key
 
 __all__ = ["synthetic_images"]
 
@@ -31,6 +32,7 @@ def synthetic_images(
     so for training and held-out parts of one task draw a single set and split it: a different key is a
     different task.
     """
+    require_key(key)
     integer("num_samples", num_samples, minimum=1)
     if not is_integer(num_classes) or not 1 <= num_classes <= 2**24:
         raise ValueError(f"num_classes={num_classes!r} must be an int in [1, 2**24]")

@@ -26,7 +26,13 @@ class JSONLLogger(Logger):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ValueError(
+                f"path={str(path)!r}: its folder cannot be created ({error.strerror or error}); expected a file "
+                "path that can be written"
+            ) from None
         self._stream: TextIO | None = None
 
     def log(self, record: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from composer_fn.core import random as R
+from composer_fn.core import validate
 from composer_fn.core.state import LossFn, batch_get
 from composer_fn.core.validate import integer, is_integer, is_real, probability
 from composer_fn.models.transformer import TransformerLM
@@ -107,6 +108,7 @@ def masked_lm_loss(target_key: int | str = 1) -> LossFn:
     ``mask_tokens`` returns. Positions labelled ``IGNORE_INDEX`` add nothing; a batch with no labelled
     position has loss 0 (not the NaN of a mean over nothing), so a step on it changes nothing.
     """
+    validate.batch_key("target_key", target_key)
 
     def loss_fn(outputs: Tensor, batch: Any) -> Tensor:
         labels = batch_get(batch, target_key).flatten()

@@ -23,6 +23,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor
 
+from composer_fn.core import validate
 from composer_fn.core.state import LossFn, batch_get
 from composer_fn.models.transformer import CausalSelfAttention, FeedForward, TransformerBlock, TransformerLM
 
@@ -46,6 +47,7 @@ def causal_lm_loss(target_key: int | str = 1) -> LossFn:
     The labels ``int64 [B, S]`` hold, at each position, the id of the token that follows; every position of
     every row counts once. Probability targets ``[B, S, V]`` (smoothed or mixed labels) are taken as well.
     """
+    validate.batch_key("target_key", target_key)
 
     def loss_fn(outputs: Tensor, batch: Any) -> Tensor:
         labels = batch_get(batch, target_key)

@@ -29,7 +29,7 @@ class MLP(nn.Sequential):
     ) -> None:
         integer("in_features", in_features, minimum=1)
         integer("num_classes", num_classes, minimum=1)
-        widths = tuple(hidden)
+        widths = tuple(hidden) if isinstance(hidden, Sequence) and not isinstance(hidden, str) else (0,)
         if not all(is_integer(width) and width >= 1 for width in widths):
             raise ValueError(f"hidden={hidden!r} must be a sequence of ints >= 1, e.g. (64,)")
         real("dropout", dropout, minimum=0.0, maximum=1.0, open_above=True, hint="a probability")

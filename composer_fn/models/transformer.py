@@ -109,6 +109,19 @@ class TransformerBlock(nn.Module):
         return x + self.feed_forward(self.norm_feed_forward(x))
 
 
+def _check_token_ids(input_ids: Tensor, vocab_size: int) -> None:
+    # Where reading the ids costs no device synchronisation (eager, on the CPU): an id outside the vocabulary
+    # would fail inside the embedding with torch's "index out of range in self".
+    if input_ids.device.type != "cpu" or input_ids.numel() == 0 or torch.compiler.is_compiling():
+        return
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"input_ids hold token {high if high >= vocab_size else low}, outside the model's vocabulary of "
+            f"{vocab_size}: expected ids in [0, {vocab_size})"
+        )
+
+
 class TransformerLM(nn.Module):
     """A transformer language model following ``composer_fn.nn.blocks``; a subclass picks the attention (``causal``).
 
@@ -166,6 +179,9 @@ class TransformerLM(nn.Module):
         """Returns logits ``[B, S, vocab_size]`` for token ids ``int64 [B, S]`` with ``S <= max_seq_len``."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids of shape {tuple(input_ids.shape)}: expected [batch, sequence]")
+        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+            raise TypeError(f"input_ids of dtype {input_ids.dtype}: expected integer token ids (int64)")
+        _check_token_ids(input_ids, self.token_embedding.num_embeddings)
         length = input_ids.shape[1]
         if length > self.max_seq_len:
             raise ValueError(

@@ -91,7 +91,9 @@ def make_plain_step(
         with precision():
             loss = loss_fn(outputs, batch)
         trainable = [name for name in leaves if name not in frozen]
-        grads = dict(zip(trainable, torch.autograd.grad(loss, [leaves[n] for n in trainable]), strict=True))
+        # A layer that skipped its compute this step (a dropped stochastic block) gets zero gradients.
+        differentiated = torch.autograd.grad(loss, [leaves[n] for n in trainable], materialize_grads=True)
+        grads = dict(zip(trainable, differentiated, strict=True))
         params, opt = update(grads, state.opt, state.params)
         return state.replace(params=params, buffers=buffers, opt=opt, step=state.step + 1), {"loss": loss.detach()}
 

@@ -36,6 +36,7 @@ from torch import Tensor
 from torch.func import functional_call, grad_and_value
 
 from composer_fn.core import random as R
+from composer_fn.core import validate
 from composer_fn.core.engine import Plan, run_event
 from composer_fn.core.event import Event
 from composer_fn.core.state import ForwardFn, GradientFn, LossFn, State, Static, StepCtx, batch_get
@@ -51,6 +52,7 @@ from composer_fn.optim.fused import fusable, fused_step
 from composer_fn.trainer.eager_step import ModuleSlots, make_plain_step
 
 __all__ = [
+    "check_class_targets",
     "class_last",
     "compile_step",
     "make_train_step",
@@ -85,6 +87,7 @@ def cross_entropy_loss(target_key: int | str = 1) -> LossFn:
 
     Class-last outputs (``[B, S, V]`` against ``[B, S]`` indices) are read as such, as evaluation reads them.
     """
+    validate.batch_key("target_key", target_key)
 
     def loss_fn(outputs: Tensor, batch: Any) -> Tensor:
         target = batch_get(batch, target_key)
@@ -93,8 +96,30 @@ def cross_entropy_loss(target_key: int | str = 1) -> LossFn:
     return loss_fn
 
 
+def check_class_targets(outputs: Tensor, target: Tensor, target_key: int | str) -> None:
+    """Raises ``ValueError`` when integer ``target`` holds a class that ``outputs`` (of one or more samples) lack.
+
+    Classes are ``[0, C)`` with ``C`` the outputs' class dim (the last for class-last sequence outputs, else
+    dim 1); -100 marks positions without a label, as in cross-entropy. Probability targets pass.
+    """
+    if target.is_floating_point() or target.numel() == 0 or outputs.dim() < 2:
+        return
+    classes = outputs.shape[-1] if class_last(outputs, target[: outputs.shape[0]]) else outputs.shape[1]
+    labelled = target[target != -100]
+    if labelled.numel() == 0:
+        return
+    low, high = int(labelled.min()), int(labelled.max())
+    if low < 0 or high >= classes:
+        raise ValueError(
+            f"the first batch's targets (batch[{target_key!r}]) hold class {high if high >= classes else low}, but "
+            f"the model's outputs have {classes} classes: class-index targets must lie in [0, {classes}) (-100 "
+            "marks a position without a label)"
+        )
+
+
 def cross_entropy_per_sample_loss(target_key: int | str = 1) -> LossFn:
     """Returns ``loss_fn(outputs, batch) -> [B]``: one cross-entropy per sample (averaged over any extra dims)."""
+    validate.batch_key("target_key", target_key)
 
     def loss_fn(outputs: Tensor, batch: Any) -> Tensor:
         target = batch_get(batch, target_key)
@@ -246,7 +271,8 @@ def make_train_step(
         # A hook may call the closure under no_grad; its gradient must not depend on where it is called from.
         with torch.enable_grad():
             loss, aux = split_loss_and_aux(leaves, fixed, state, ctx)
-            grads = dict(zip(leaves, torch.autograd.grad(loss, tuple(leaves.values())), strict=True))
+            differentiated = torch.autograd.grad(loss, tuple(leaves.values()), materialize_grads=True)
+            grads = dict(zip(leaves, differentiated, strict=True))
         return loss, grads, aux
 
     def gradients(params: Mapping[str, Tensor], state: State, ctx: StepCtx) -> tuple[Tensor, dict[str, Tensor]]:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import torch
 import torch.utils._pytree as pytree
 from torch import Tensor, nn
+from torch.func import functional_call
 from tqdm import tqdm
 
 from composer_fn.callbacks.base import Callback, RunView, bind_callbacks
@@ -61,11 +62,13 @@ from composer_fn.trainer.step import (
     GRAD_MODES,
     GradMode,
     StepFn,
+    check_class_targets,
     compile_step,
     cross_entropy_loss,
     cross_entropy_per_sample_loss,
     make_eval_step,
     make_train_step,
+    precision_context,
 )
 
 __all__ = ["Trainer"]
@@ -183,7 +186,10 @@ class Trainer:
         self.eval_dataloader = eval_dataloader
         self.steps_per_epoch = len(train_dataloader)  # type: ignore[arg-type]
         if self.steps_per_epoch < 1:
-            raise ValueError("train_dataloader yields no batches")
+            raise ValueError(
+                f"train_dataloader has length {self.steps_per_epoch}: it yields no batch (drop_last=True with a "
+                "batch_size larger than the dataset does); expected at least one batch an epoch"
+            )
         self.max_duration = duration = _epochs_or_batches(max_duration, "max_duration", "10ep")
         self.scale_schedule_ratio = validate.real(
             "scale_schedule_ratio", scale_schedule_ratio, minimum=0.0, open_below=True
@@ -197,10 +203,12 @@ class Trainer:
                 f"max_duration={max_duration!r} scaled by scale_schedule_ratio={scale_schedule_ratio!r} leaves "
                 f"{self.max_steps} steps (steps_per_epoch={self.steps_per_epoch}); expected at least one"
             )
-        self.input_key, self.target_key = input_key, target_key
+        self.input_key = validate.batch_key("input_key", input_key)
+        self.target_key = validate.batch_key("target_key", target_key)
         for argument, function in (("loss_fn", loss_fn), ("per_sample_loss_fn", per_sample_loss_fn)):
             if function is not None and not callable(function):
                 raise TypeError(f"{argument}={function!r}: expected a function (outputs, batch) -> loss")
+        self._default_loss = loss_fn is None
         self.loss_fn = loss_fn if loss_fn is not None else cross_entropy_loss(target_key)
         if per_sample_loss_fn is None and loss_fn is None:
             per_sample_loss_fn = cross_entropy_per_sample_loss(target_key)
@@ -213,6 +221,14 @@ class Trainer:
         self.save_folder = Path(save_folder) if save_folder is not None else None
         if self.save_folder is not None and self.save_folder.exists() and not self.save_folder.is_dir():
             raise ValueError(f"save_folder={str(save_folder)!r} is a file; expected a folder (created if missing)")
+        if self.save_folder is not None:
+            try:
+                self.save_folder.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise ValueError(
+                    f"save_folder={str(save_folder)!r} cannot be created ({error.strerror or error}); expected a "
+                    "folder that can be written"
+                ) from None
         self.save_interval = _interval(save_interval, "save_interval") if save_folder is not None else None
         self.eval_interval = _interval(eval_interval, "eval_interval") if eval_dataloader is not None else None
         self.log_interval = _interval(log_interval, "log_interval")
@@ -337,6 +353,26 @@ class Trainer:
                     "and normalise after it, e.g. in the model"
                 )
 
+    def _check_targets(self, batch: Any) -> None:
+        # Once, on the first batch, with the default loss: a class index the model has no output for fails deep
+        # inside cross-entropy (on a GPU, as a device-side assertion). One sample's evaluation-mode forward
+        # gives the class count.
+        target = batch_get(batch, self.target_key)
+        input = batch_get(batch, self.input_key)
+        if not self._default_loss or not isinstance(target, Tensor) or target.is_floating_point():
+            return
+        module = self.static.module
+        training = module.training
+        try:
+            module.eval()
+            with torch.no_grad(), precision_context(self.static):
+                first = pytree.tree_map(lambda t: t[:1] if isinstance(t, Tensor) and t.dim() else t, input)
+                outputs = functional_call(module, (dict(self.state.params), dict(self.state.buffers)), (first,))
+        finally:
+            module.train(training)
+        if isinstance(outputs, Tensor):
+            check_class_targets(outputs, target, self.target_key)
+
     def _counting_backend(self) -> Callable[..., Any]:
         from torch._dynamo import lookup_backend
 
@@ -417,7 +453,7 @@ class Trainer:
         )
         start = time.perf_counter()
         self._window = (start, 0)
-        self._unchecked = bool(self._input_ranges)
+        self._unchecked = True
         reply: Progress | None = None
         try:
             while True:
@@ -465,6 +501,7 @@ class Trainer:
         self._batch = self._to_device(raw)
         if self._unchecked:
             self._check_input_range(self._batch)
+            self._check_targets(self._batch)
             self._unchecked = False
         return None
 

@@ -3,6 +3,7 @@ them with the documented probability from the step's keys, and the warm-up moves
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -16,6 +17,7 @@ from torchvision.models import resnet as torchvision_resnets
 
 from composer_fn.algorithms.blurpool import BlurPool
 from composer_fn.algorithms.stochastic_depth import (
+    StochasticBlock,
     StochasticBranch,
     StochasticDepth,
     apply_stochastic_depth,
@@ -31,6 +33,7 @@ from composer_fn.data import TensorLoader
 from composer_fn.models.resnet import BasicBlock, CIFARResNet
 from composer_fn.nn import forward_key_names, forward_keys, materialise
 from composer_fn.optim import sgd
+from composer_fn.optim.base import GradientTransformation
 from composer_fn.trainer import Trainer
 
 
@@ -116,6 +119,81 @@ def test_training_drops_whole_branches_per_batch_or_per_sample() -> None:
                     assert len(set(per_sample)) == 1
                 outcomes.update(per_sample)
             assert outcomes == {0, 1}
+
+
+def _drop_everything(kind: str) -> nn.Module:
+    target, build = MODELS[kind]
+    model = build().train()
+    return apply_stochastic_depth(model, target, "block", drop_rate=1.0, drop_distribution="uniform")
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(m, StochasticBlock)]
+
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_a_dropped_block_returns_its_input_path_only(kind: str, traced: bool) -> None:
+    # Composer's dropped block: the input itself through an identity shortcut, relu(shortcut(x)) through a
+    # projection; not relu(x), which differs wherever the input is negative.
+    model = _drop_everything(kind)
+    blocks = _blocks(model)
+    assert blocks and all(block.training for block in blocks)
+    for index, block in enumerate(blocks):
+        channels = next(block.parameters()).shape[1]
+        x = R.normal(R.key(index), (3, channels, 8, 8))
+        reference = copy.deepcopy(block)
+        shortcut = reference.shortcut if hasattr(reference, "shortcut") else reference.downsample
+        projection = shortcut is not None and not isinstance(shortcut, nn.Identity)
+        expected = F.relu(shortcut(x)) if projection else x
+        run = torch.compile(block, backend="aot_eager", fullgraph=True) if traced else block
+        output = run(x)
+        torch.testing.assert_close(output, expected, rtol=0, atol=0)
+        assert projection or (x < 0).any()
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_eagerly_a_dropped_block_computes_nothing_of_its_branch(kind: str) -> None:
+    model = _drop_everything(kind)
+    calls: list[str] = []
+    for block in _blocks(model):
+        for name in ("conv1", "conv2", "conv3"):
+            if hasattr(block, name):
+                getattr(block, name).register_forward_pre_hook(lambda module, args, name=name: calls.append(name))
+    x = R.normal(R.key(0), (2, 4, 8, 8))
+    model(x)
+    assert calls == []
+    model.eval()(x)
+    assert len(calls) >= 2 * len(_blocks(model))
+
+
+def test_training_every_block_dropped_leaves_the_branches_and_their_statistics_as_they_were() -> None:
+    # Plain SGD without weight decay or momentum: a branch that never runs keeps its weights and statistics.
+    algorithm = StochasticDepth("BasicBlock", drop_rate=1.0, drop_distribution="uniform")
+    trainer = _trainer(algorithm, False, optimizer=sgd(0.1))
+    # Copies: the trainer updates its own state's tensors in place.
+    before = {name: t.clone() for name, t in {**trainer.state.params, **trainer.state.buffers}.items()}
+    branch = [name for name in before if name.split(".")[1] in ("conv1", "bn1", "conv2", "bn2")]
+    trainer.fit()
+    after = {**trainer.state.params, **trainer.state.buffers}
+    assert branch and all(torch.equal(after[name], before[name]) for name in branch if "forward_key" not in name)
+    assert not torch.equal(after["4.weight"], before["4.weight"])
+
+
+@pytest.mark.slow
+def test_block_wise_training_reaches_the_same_state_eagerly_and_compiled(fresh_compiler: None) -> None:
+    # Eagerly a dropped block skips its branch; compiled it selects between both outputs and restores the
+    # branch's statistics: the two steps give the same run.
+    algorithm = StochasticDepth("BasicBlock", drop_rate=0.5, drop_distribution="uniform")
+    eager, compiled = _trainer(algorithm, False), _trainer(algorithm, "aot_eager")
+    eager.fit()
+    compiled.fit()
+    assert compiled.compiles == 1
+    for kind in ("params", "buffers"):
+        ours, theirs = getattr(eager.state, kind), getattr(compiled.state, kind)
+        assert ours.keys() == theirs.keys()
+        for name in ours:
+            torch.testing.assert_close(ours[name], theirs[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
 DRAWS = 20_000
@@ -241,13 +319,16 @@ def _small_resnet() -> nn.Module:
 
 
 def _trainer(
-    algorithm: StochasticDepth, compile: bool | str, callbacks: tuple[Callback, ...] = ()
+    algorithm: StochasticDepth,
+    compile: bool | str,
+    callbacks: tuple[Callback, ...] = (),
+    optimizer: GradientTransformation | None = None,
 ) -> Trainer:
     return Trainer(
         _small_resnet(),
         _loader(0),
         max_duration="4ba",
-        optimizer=sgd(0.05, momentum=0.9),
+        optimizer=optimizer or sgd(0.05, momentum=0.9),
         algorithms=[algorithm],
         compile=compile,
         callbacks=callbacks,
@@ -301,3 +382,19 @@ def test_the_warm_up_changes_the_rates_in_a_compiled_run_without_recompiling(fre
 def test_bad_arguments_are_refused_by_name(build, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
         build()
+
+
+def test_a_rewritten_model_pickles_and_its_classes_are_found_by_name() -> None:
+    import pickle
+
+    from composer_fn.algorithms import stochastic_depth
+
+    model = apply_stochastic_depth(_torchvision_blocks(), "BasicBlock", drop_rate=0.5).eval()
+    restored = pickle.loads(pickle.dumps(model))
+    assert [type(m) for m in restored.modules()] == [type(m) for m in model.modules()]
+    x = R.normal(R.key(0), (2, 4, 8, 8))
+    assert torch.equal(restored(x), model(x))
+    # A new process finds each class by its module and name before any model made it.
+    for name in ("StochasticBasicBlock", "StochasticTorchvisionBasicBlock", "StochasticTorchvisionBottleneck"):
+        found = getattr(stochastic_depth, name)
+        assert issubclass(found, StochasticBlock) and found.__qualname__ == name

@@ -3,6 +3,7 @@ touched, naming the argument, the value and what to pass instead."""
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 
@@ -209,3 +210,40 @@ def test_label_smoothing_trains_a_causal_lm_with_its_own_loss() -> None:
         progress_bar=False,
     )
     assert torch.isfinite(torch.tensor(trainer.fit()["loss"]))
+
+
+def test_a_save_folder_that_cannot_be_created_is_refused_before_training(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with pytest.raises(ValueError, match=f"save_folder='{blocked / 'runs'}' cannot be created"):
+        _trainer(save_folder=blocked / "runs")
+
+
+@pytest.mark.parametrize(
+    ("labels", "classes", "named"),
+    [
+        (R.randint(R.key(2), 0, 3, (32,)).index_fill(0, torch.tensor([5]), 7), 3, "class 7"),
+        (R.randint(R.key(3), 0, 3, (32,)).index_fill(0, torch.tensor([9]), -2), 3, "class -2"),
+    ],
+)
+def test_class_targets_the_model_has_no_output_for_are_refused_naming_the_count(labels, classes, named) -> None:
+    # The first batch is checked before any step: the parameters stay as they were.
+    inputs = DATA[0]
+    trainer = _trainer(model=MLP(6, classes), loader=TensorLoader((inputs, labels), batch_size=32, shuffle=False))
+    before = {name: p.clone() for name, p in trainer.state.params.items()}
+    with pytest.raises(ValueError, match=rf"batch\[1\]\) hold {named}, but the model's outputs have {classes} classes"):
+        trainer.fit()
+    assert all(torch.equal(p, before[name]) for name, p in trainer.state.params.items())
+
+
+def test_sequence_targets_are_checked_against_the_vocabulary_and_minus_100_is_a_missing_label() -> None:
+    rows = R.randint(R.key(0), 0, 16, (8, 9))
+    targets = rows[:, 1:].contiguous().index_fill(1, torch.tensor([0]), -100)
+    model = CausalLM(16, d_model=16, n_heads=2, n_layers=1, max_seq_len=8)
+    loader = TensorLoader((rows[:, :-1].contiguous(), targets), batch_size=8)
+    trainer = Trainer(model, loader, max_duration="1ba", optimizer=optim.adamw(1e-2), progress_bar=False)
+    assert math.isfinite(trainer.fit()["loss"])
+    too_large = TensorLoader((rows[:, :-1].contiguous(), targets.index_fill(1, torch.tensor([3]), 16)), batch_size=8)
+    trainer = Trainer(model, too_large, max_duration="1ba", optimizer=optim.adamw(1e-2), progress_bar=False)
+    with pytest.raises(ValueError, match="hold class 16, but the model's outputs have 16 classes"):
+        trainer.fit()
