@@ -140,6 +140,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     train.add_argument("--compile", action="store_true", help="compile the step with torch.compile")
     train.add_argument("--save-folder", type=_FOLDER, default=None)
     train.add_argument("--load-path", type=_CHECKPOINT, default=None)
+    train.add_argument(
+        "--autoresume",
+        action="store_true",
+        help="resume from the newest checkpoint in --save-folder when there is one (rerun an interrupted job as is)",
+    )
     train.add_argument("--log-file", type=_FILE, default=None, help="a JSON-lines file receiving every logged record")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     train.add_argument("--threads", type=_POSITIVE_INT, default=None, help="torch intra-op threads")
@@ -199,6 +204,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
         loggers=loggers,
         save_folder=args.save_folder,
         load_path=args.load_path,
+        autoresume=args.autoresume,
         progress_bar=not args.no_progress,
     )
     metrics = trainer.fit()

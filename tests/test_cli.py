@@ -98,3 +98,16 @@ def test_an_augmentation_of_unit_pixels_trains_on_unit_pixels(capsys, task) -> N
     )
     assert status == 0
     assert "held-out accuracy" in capsys.readouterr().out
+
+
+def test_autoresume_continues_an_interrupted_run_from_its_save_folder(capsys, tmp_path) -> None:
+    folder = str(tmp_path / "runs")
+    common = ["train", "--task", "digits-mlp", "--save-folder", folder, "--no-progress", "--autoresume"]
+    assert main([*common, "--max-duration", "1ep"]) == 0
+    assert "23 steps, 1 epochs" in capsys.readouterr().out
+    with pytest.warns(UserWarning, match="the schedule's length changed"):
+        assert main([*common, "--max-duration", "2ep"]) == 0
+    # Resumed after the first epoch (saved at its end): the run reports both epochs' steps.
+    assert "46 steps, 2 epochs" in capsys.readouterr().out
+    assert main(["train", "--autoresume", "--no-progress"]) == 2
+    assert "autoresume=True needs a save_folder" in capsys.readouterr().err

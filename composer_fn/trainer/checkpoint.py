@@ -1,17 +1,27 @@
-"""Checkpoint files: written atomically (temporary file, fsync, rename) and read with ``weights_only=True``.
+"""Checkpoint files: written atomically (temporary file, fsync, rename, fsync of the folder) and read with
+``weights_only=True``.
 
 A checkpoint holds every tensor of the ``State`` (parameters, buffers, optimizer and algorithm state as
-flat leaf lists, hyperparameters, step, random key), the timestamp, and the algorithms' JSON configs. Pytree
-structure is not pickled: loading rebuilds it from a template state made by the same trainer set-up, and a
-mismatch is reported by name rather than loaded wrongly.
+flat leaf lists, hyperparameters, step, random key), the timestamp, the run's ``max_duration`` and the
+algorithms' JSON configs; a weights-only checkpoint holds the parameters and buffers alone. Pytree structure is
+not pickled: loading rebuilds it from a template state made by the same trainer set-up, and a mismatch is
+reported by name rather than loaded wrongly. ``load_weights`` starts a new run (another optimizer, other
+algorithms) from a checkpoint's weights, optionally ignoring names.
+
+In a save folder, checkpoints are named ``ep{epoch}-ba{batch}.pt``: ``newest_checkpoint`` finds the latest
+complete one (temporary files of an interrupted write are never taken), ``prune_checkpoints`` keeps the newest
+few, and ``remove_stale_temporaries`` deletes what a killed writer left behind.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import pickle
+import re
 import tempfile
 import zipfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +30,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
+from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, algorithms_from_json
 from composer_fn.core.state import State
 from composer_fn.core.time import Timestamp
@@ -27,6 +38,13 @@ from composer_fn.core.time import Timestamp
 __all__ = [
     "save_checkpoint",
     "load_checkpoint",
+    "load_weights",
+    "newest_checkpoint",
+    "prune_checkpoints",
+    "remove_stale_temporaries",
+    "checkpoint_name",
+    "CheckpointOptions",
+    "autoresume_path",
     "checkpoint_algorithms",
     "with_recorded_surgeries",
     "Checkpoint",
@@ -43,33 +61,57 @@ class Checkpoint:
     state: State
     timestamp: Timestamp
     algorithms: str
+    max_duration: str | None
+    """The ``max_duration`` of the run that wrote it (``'8ba'``), None if it had none."""
 
 
 def _leaves(tree: Any) -> list[Any]:
     return list(pytree.tree_leaves(tree))
 
 
-def save_checkpoint(path: str | os.PathLike[str], state: State, timestamp: Timestamp, algorithms: str) -> Path:
+def checkpoint_name(timestamp: Timestamp) -> str:
+    """Returns the file name of the checkpoint at ``timestamp`` in a save folder: ``ep{epoch}-ba{batch}.pt``."""
+    return f"ep{timestamp.epoch}-ba{timestamp.batch}.pt"
+
+
+_NAME = re.compile(r"ep(\d+)-ba(\d+)\.pt")
+_TEMPORARY = re.compile(r"\..+\.tmp")
+
+
+def save_checkpoint(
+    path: str | os.PathLike[str],
+    state: State,
+    timestamp: Timestamp,
+    algorithms: str,
+    *,
+    weights_only: bool = False,
+) -> Path:
     """Returns the path written: ``state``, ``timestamp`` and ``algorithms`` (JSON) saved atomically.
 
     The file appears complete or not at all: it is written to a temporary file in the same folder, flushed
-    to disk, then renamed over ``path``.
+    to disk, renamed over ``path``, and the folder is flushed so the rename survives a crash. With
+    ``weights_only``, the file holds the parameters and buffers (and the timestamp) only.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
+    payload: dict[str, Any] = {
         "format": FORMAT_VERSION,
+        "weights_only": weights_only,
         "params": dict(state.params),
         "buffers": dict(state.buffers),
-        "opt": _leaves(state.opt),
-        "algos": _leaves(state.algos),
-        "algos_names": sorted(state.algos),
-        "hparams": dict(state.hparams),
-        "step": state.step,
-        "key": state.key,
         "timestamp": timestamp.to_dict(),
+        "max_duration": None if timestamp.max_duration is None else str(timestamp.max_duration),
         "algorithms": algorithms,
     }
+    if not weights_only:
+        payload.update(
+            opt=_leaves(state.opt),
+            algos=_leaves(state.algos),
+            algos_names=sorted(state.algos),
+            hparams=dict(state.hparams),
+            step=state.step,
+            key=state.key,
+        )
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(handle, "wb") as stream:
@@ -80,7 +122,58 @@ def save_checkpoint(path: str | os.PathLike[str], state: State, timestamp: Times
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+    sync_folder(target.parent)
     return target
+
+
+def sync_folder(folder: Path) -> None:
+    """Flushes ``folder``'s entries (a rename into it) to disk, where the platform allows it."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass  # Some file systems refuse fsync on a folder; the rename itself is still atomic.
+    finally:
+        os.close(descriptor)
+
+
+def _numbered(folder: Path) -> list[tuple[int, Path]]:
+    # The checkpoints of a save folder by batch, oldest first (``latest.pt`` and temporary files excluded).
+    found = []
+    for path in folder.iterdir() if folder.is_dir() else ():
+        match = _NAME.fullmatch(path.name)
+        if match is not None and path.is_file() and not path.is_symlink():
+            found.append((int(match.group(2)), path))
+    return sorted(found)
+
+
+def newest_checkpoint(folder: str | os.PathLike[str]) -> Path | None:
+    """Returns the checkpoint of the latest batch in ``folder`` (files are complete: writes are atomic), or None."""
+    numbered = _numbered(Path(folder))
+    return numbered[-1][1] if numbered else None
+
+
+def prune_checkpoints(folder: str | os.PathLike[str], keep: int) -> list[Path]:
+    """Removes all but the ``keep`` newest checkpoints of ``folder`` (-1 keeps all); returns the removed paths."""
+    numbered = _numbered(Path(folder))
+    removed = [path for _, path in numbered[: max(len(numbered) - keep, 0)]] if keep >= 0 else []
+    for path in removed:
+        path.unlink(missing_ok=True)
+    return removed
+
+
+def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
+    """Removes the temporary files that an interrupted write left in ``folder``; returns their paths.
+
+    Only for a folder no other writer is using: a temporary file is a write in progress until it is renamed.
+    """
+    stale = [path for path in Path(folder).glob(".*.tmp") if _TEMPORARY.fullmatch(path.name) and path.is_file()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
 
 
 def _check_tensors(kind: str, loaded: dict[str, Tensor], expected: dict[str, Tensor]) -> None:
@@ -152,6 +245,11 @@ def load_checkpoint(
     With ``algorithms`` (JSON configs), a checkpoint trained with other algorithms is refused first.
     """
     payload = _read(path, device)
+    if payload.get("weights_only", False):
+        raise ValueError(
+            f"load_path={str(path)!r} holds weights only (saved with save_weights_only=True), not a run to resume: "
+            "pass load_weights_only=True to start a run from its weights"
+        )
     if algorithms is not None and payload["algorithms"] != algorithms:
         raise ValueError(
             f"load_path={str(path)!r} was trained with algorithms {payload['algorithms']}; "
@@ -173,7 +271,44 @@ def load_checkpoint(
         step=payload["step"],
         key=payload["key"],
     )
-    return Checkpoint(state, Timestamp.from_dict(payload["timestamp"]), payload["algorithms"])
+    timestamp = Timestamp.from_dict(payload["timestamp"])
+    return Checkpoint(state, timestamp, payload["algorithms"], payload.get("max_duration"))
+
+
+def load_weights(
+    path: str | os.PathLike[str],
+    template: State,
+    *,
+    device: torch.device | str | None = None,
+    strict: bool = True,
+    ignore_keys: Sequence[str] = (),
+) -> State:
+    """Returns ``template`` with its parameters and buffers replaced by the checkpoint's, to start a new run.
+
+    Everything else (optimizer and algorithm state, step, key) stays the template's, so the new run may use
+    another optimizer or other algorithms. Names matching a pattern of ``ignore_keys`` (``fnmatch``, e.g.
+    ``'head.*'``) are not loaded. With ``strict``, every other name must be in both the checkpoint and the
+    model; without it, names in one only are skipped. A name in both must have the same shape.
+    """
+    payload = _read(path, device)
+    merged = {}
+    for kind in ("params", "buffers"):
+        expected: dict[str, Tensor] = dict(getattr(template, kind))
+        loaded = {name: tensor for name, tensor in payload[kind].items() if not _ignored(name, ignore_keys)}
+        wanted = {name: tensor for name, tensor in expected.items() if not _ignored(name, ignore_keys)}
+        if strict:
+            _check_tensors(kind, loaded, wanted)
+        shared = {name: tensor for name, tensor in loaded.items() if name in wanted}
+        _check_tensors(kind, shared, {name: wanted[name] for name in shared})
+        merged[kind] = {
+            name: shared[name].to(dtype=tensor.dtype, device=tensor.device) if name in shared else tensor
+            for name, tensor in expected.items()
+        }
+    return template.replace(params=merged["params"], buffers=merged["buffers"])
+
+
+def _ignored(name: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
 def with_recorded_surgeries(given: tuple[Algorithm, ...], load_path: str | Path) -> tuple[Algorithm, ...]:
@@ -188,3 +323,60 @@ def with_recorded_surgeries(given: tuple[Algorithm, ...], load_path: str | Path)
     if missing and rewrites and all(a in recorded for a in given):
         return recorded
     return given
+
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    """The Trainer's checkpoint arguments, checked by ``of`` (see ``Trainer`` for each)."""
+
+    keep: int
+    save_weights_only: bool
+    load_weights_only: bool
+    load_strict_model_weights: bool
+    load_ignore_keys: tuple[str, ...]
+
+    @classmethod
+    def of(
+        cls,
+        save_folder: object,
+        keep: object,
+        save_weights_only: object,
+        load_weights_only: object,
+        strict: object,
+        ignore_keys: object,
+        autoresume: object,
+    ) -> CheckpointOptions:
+        if not (validate.is_integer(keep) and (keep == -1 or keep >= 1)):
+            raise ValueError(f"save_num_checkpoints_to_keep={keep!r} must be an int >= 1, or -1 to keep every checkpoint")
+        flags = [
+            validate.flag(name, value)
+            for name, value in (
+                ("save_weights_only", save_weights_only),
+                ("load_weights_only", load_weights_only),
+                ("load_strict_model_weights", strict),
+                ("autoresume", autoresume),
+            )
+        ]
+        if isinstance(ignore_keys, str) or not isinstance(ignore_keys, Iterable):
+            raise TypeError(f"load_ignore_keys={ignore_keys!r}: expected a list of name patterns, e.g. ['head.*']")
+        patterns = tuple(ignore_keys)
+        if not all(isinstance(pattern, str) for pattern in patterns):
+            raise TypeError(f"load_ignore_keys={ignore_keys!r}: expected a list of name patterns (strings)")
+        if autoresume and save_folder is None:
+            raise ValueError("autoresume=True needs a save_folder to resume from; pass save_folder=...")
+        if flags[0] and autoresume:
+            raise ValueError(
+                "autoresume=True resumes from full checkpoints, but save_weights_only=True saves weights only; "
+                "drop one of them"
+            )
+        return cls(keep, flags[0], flags[1], flags[2], patterns)
+
+
+def autoresume_path(save_folder: str | Path | None, load_path: str | Path | None) -> str | Path | None:
+    """Returns the newest checkpoint of ``save_folder`` (removing temporary files first), else ``load_path``."""
+    assert save_folder is not None
+    folder = Path(save_folder)
+    if folder.is_dir():
+        remove_stale_temporaries(folder)
+    newest = newest_checkpoint(folder)
+    return newest if newest is not None else load_path

@@ -55,7 +55,17 @@ from composer_fn.core.time import Time, Timestamp, TimeUnit, to_steps
 from composer_fn.loggers.base import Logger
 from composer_fn.optim.base import GradientTransformation
 from composer_fn.optim.optimizers import sgdw
-from composer_fn.trainer.checkpoint import load_checkpoint, save_checkpoint, with_recorded_surgeries
+from composer_fn.trainer.checkpoint import (
+    CheckpointOptions,
+    autoresume_path,
+    checkpoint_name,
+    load_checkpoint,
+    load_weights,
+    prune_checkpoints,
+    remove_stale_temporaries,
+    save_checkpoint,
+    with_recorded_surgeries,
+)
 from composer_fn.trainer.evaluation import evaluate
 from composer_fn.trainer.learning_rate import learning_rate
 from composer_fn.trainer.step import (
@@ -117,9 +127,21 @@ class Trainer:
         callbacks, loggers: observers and metric destinations. An eager run updates the state's tensors in place
             (the trainer owns them), so a callback that keeps a tensor past its call keeps a clone.
         save_folder: where checkpoints go (``ep{epoch}-ba{batch}.pt`` and ``latest.pt``); None saves nothing.
+            Temporary files an interrupted write left there are removed when the trainer is built.
         save_interval: how often to checkpoint when ``save_folder`` is set.
+        save_num_checkpoints_to_keep: how many of the newest checkpoints stay in ``save_folder``; -1 keeps all.
+        save_weights_only: checkpoints hold the parameters and buffers only (to start other runs from, not to
+            resume this one).
         load_path: a checkpoint to resume from. Surgery algorithms (``Capabilities.rewrites``) the checkpoint records
-            but the trainer was not given are re-applied, in the recorded order, before its tensors load.
+            but the trainer was not given are re-applied, in the recorded order, before its tensors load. A
+            checkpoint of a run with another ``max_duration`` resumes with a warning: the schedule's length changed.
+        load_weights_only: take only the parameters and buffers from ``load_path`` and start a new run (another
+            optimizer or other algorithms allowed).
+        load_strict_model_weights: with ``load_weights_only``, whether every name must be in both the checkpoint
+            and the model (False skips names in one only; shapes must always match).
+        load_ignore_keys: with ``load_weights_only``, ``fnmatch`` patterns of names not to load (``['head.*']``).
+        autoresume: resume from the newest checkpoint in ``save_folder`` when there is one (it takes precedence
+            over ``load_path``), else start from ``load_path`` or fresh: rerunning an interrupted job continues it.
         loss_fn: ``loss_fn(outputs, batch)``; default cross-entropy against ``batch[target_key]``.
         per_sample_loss_fn: ``fn(outputs, batch) -> [B]`` for algorithms that need per-sample losses; default
             per-sample cross-entropy with the default loss, else ``loss_fn`` vectorized over samples (vmap).
@@ -145,7 +167,13 @@ class Trainer:
         loggers: Sequence[Logger] = (),
         save_folder: str | Path | None = None,
         save_interval: str | int | Time = "1ep",
+        save_num_checkpoints_to_keep: int = -1,
+        save_weights_only: bool = False,
         load_path: str | Path | None = None,
+        load_weights_only: bool = False,
+        load_strict_model_weights: bool = True,
+        load_ignore_keys: Sequence[str] = (),
+        autoresume: bool = False,
         device: str | torch.device | None = None,
         loss_fn: LossFn | None = None,
         per_sample_loss_fn: LossFn | None = None,
@@ -172,6 +200,17 @@ class Trainer:
         if not any(True for _ in model.parameters()):
             raise ValueError(f"model={type(model).__name__} has no parameters to train")
         self.algorithms = _algorithms(algorithms)
+        self._checkpoints = CheckpointOptions.of(
+            save_folder,
+            save_num_checkpoints_to_keep,
+            save_weights_only,
+            load_weights_only,
+            load_strict_model_weights,
+            load_ignore_keys,
+            autoresume,
+        )
+        if autoresume:
+            load_path = autoresume_path(save_folder, load_path)
         if load_path is not None:
             self.algorithms = with_recorded_surgeries(self.algorithms, load_path)
         for algorithm in self.algorithms:
@@ -229,6 +268,7 @@ class Trainer:
                     f"save_folder={str(save_folder)!r} cannot be created ({error.strerror or error}); expected a "
                     "folder that can be written"
                 ) from None
+            remove_stale_temporaries(self.save_folder)
         self.save_interval = _interval(save_interval, "save_interval") if save_folder is not None else None
         self.eval_interval = _interval(eval_interval, "eval_interval") if eval_dataloader is not None else None
         self.log_interval = _interval(log_interval, "log_interval")
@@ -599,22 +639,46 @@ class Trainer:
 
     def _save(self) -> None:
         assert self.save_folder is not None
-        name = f"ep{self.timestamp.epoch}-ba{self.timestamp.batch}.pt"
+        options = self._checkpoints
         path = save_checkpoint(
-            self.save_folder / name, self.state, self.timestamp, algorithms_to_json(self.algorithms)
+            self.save_folder / checkpoint_name(self.timestamp),
+            self.state,
+            self.timestamp,
+            algorithms_to_json(self.algorithms),
+            weights_only=options.save_weights_only,
         )
         latest = self.save_folder / "latest.pt"
         link = self.save_folder / ".latest.pt.tmp"
         link.unlink(missing_ok=True)
         link.symlink_to(path.name)
         link.replace(latest)
+        prune_checkpoints(self.save_folder, options.keep)
         self._log({"kind": "checkpoint", "step": self.timestamp.batch, "path": str(path)})
 
     def _load(self, load_path: str | Path) -> None:
         self._host_event(Event.BEFORE_LOAD)
+        options = self._checkpoints
+        if options.load_weights_only:
+            self.state = load_weights(
+                load_path,
+                self.state,
+                device=self.static.device,
+                strict=options.load_strict_model_weights,
+                ignore_keys=options.load_ignore_keys,
+            )
+            self._host_event(Event.AFTER_LOAD)
+            return
         checkpoint = load_checkpoint(
             load_path, self.state, device=self.static.device, algorithms=algorithms_to_json(self.algorithms)
         )
+        length = self.timestamp.max_duration
+        if checkpoint.max_duration is not None and length is not None and checkpoint.max_duration != str(length):
+            warnings.warn(
+                f"load_path={str(load_path)!r} was saved by a run of {checkpoint.max_duration}; this run has "
+                f"max_duration={self.max_duration} ({length}): the schedule's length changed, so schedules and "
+                "warm-ups measured in fractions of the run continue on the new length",
+                stacklevel=3,
+            )
         self.state = checkpoint.state
         self.timestamp = checkpoint.timestamp.with_max_duration(self.timestamp.max_duration)
         if self.timestamp.batch >= self.max_steps:
