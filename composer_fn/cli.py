@@ -136,7 +136,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         sub.add_argument("--seed", type=_SEED, default=0)
     train = commands.choices["train"]
     train.add_argument("--lr", type=_LEARNING_RATE, default=None, help="base learning rate (task default if omitted)")
-    train.add_argument("--precision", default="fp32", choices=("fp32", "bf16-mixed"))
+    train.add_argument("--precision", default="fp32", choices=("fp32", "bf16-mixed", "fp16-mixed"))
     train.add_argument("--compile", action="store_true", help="compile the step with torch.compile")
     train.add_argument("--save-folder", type=_FOLDER, default=None)
     train.add_argument("--load-path", type=_CHECKPOINT, default=None)

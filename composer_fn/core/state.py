@@ -32,11 +32,11 @@ __all__ = [
     "tree_map",
 ]
 
-Precision = Literal["fp32", "bf16-mixed"]
+Precision = Literal["fp32", "bf16-mixed", "fp16-mixed"]
 LossFn = Callable[[Any, Any], Tensor]
 ForwardFn = Callable[[Mapping[str, Tensor], Mapping[str, Tensor], Any], tuple[Any, dict[str, Tensor]]]
 GradientFn = Callable[[Mapping[str, Tensor]], tuple[Tensor, dict[str, Tensor]]]
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16-mixed")
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16-mixed", "fp16-mixed")
 
 _R = TypeVar("_R", bound="_Record")
 

@@ -20,6 +20,7 @@ from composer_fn.core import random as R
 from composer_fn.core.state import LossFn, State, batch_get
 from composer_fn.nn import forward_keys
 from composer_fn.optim.base import OptState
+from composer_fn.trainer.loss_scale import DynamicLossScale
 
 __all__ = ["ModuleSlots", "make_plain_step", "KeyedForward", "Update"]
 
@@ -28,8 +29,9 @@ KeyedForward = Callable[
 ]
 """``forward(params, buffers, input, keys) -> (outputs, new buffers)``; ``keys`` fill the random layers' buffers."""
 
-Update = Callable[[Mapping[str, Tensor], OptState, Mapping[str, Tensor]], tuple[dict[str, Tensor], OptState]]
-"""``update(grads, opt, params) -> (new params, new opt)``: the optimizer step."""
+Update = Callable[..., tuple[dict[str, Tensor], OptState]]
+"""``update(grads, opt, params, finite=None) -> (new params, new opt)``: the optimizer step, skipped where the
+0-d bool ``finite`` is False."""
 
 
 class ModuleSlots:
@@ -76,12 +78,15 @@ def make_plain_step(
     input_key: int | str,
     frozen: frozenset[str],
     key_names: tuple[str, ...],
+    scaler: DynamicLossScale | None = None,
 ) -> Callable[[State, Any], tuple[State, dict[str, Tensor]]]:
     """Returns the eager training step ``(state, batch) -> (state, {"loss": loss})`` of a plan without hooks.
 
     The step runs ``forward`` on the batch's ``input_key`` item, ``loss_fn`` under ``precision()``, the gradient
     of the parameters not in ``frozen`` by ``torch.autograd.grad``, and ``update``. The random layers named in
-    ``key_names`` draw from ``fold_in(state.key, state.step)``, as in the reference step.
+    ``key_names`` draw from ``fold_in(state.key, state.step)``, as in the reference step. With ``scaler`` (fp16),
+    it differentiates the scaled loss, unscales the gradients, skips the update when one is not finite and
+    updates the scale in ``state.hparams``.
     """
 
     def plain_step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
@@ -91,10 +96,18 @@ def make_plain_step(
         with precision():
             loss = loss_fn(outputs, batch)
         trainable = [name for name in leaves if name not in frozen]
+        objective = loss if scaler is None else scaler.scale(loss, state.hparams)
         # A layer that skipped its compute this step (a dropped stochastic block) gets zero gradients.
-        differentiated = torch.autograd.grad(loss, [leaves[n] for n in trainable], materialize_grads=True)
+        differentiated = torch.autograd.grad(objective, [leaves[n] for n in trainable], materialize_grads=True)
         grads = dict(zip(trainable, differentiated, strict=True))
-        params, opt = update(grads, state.opt, state.params)
-        return state.replace(params=params, buffers=buffers, opt=opt, step=state.step + 1), {"loss": loss.detach()}
+        if scaler is None:
+            params, opt = update(grads, state.opt, state.params)
+            return state.replace(params=params, buffers=buffers, opt=opt, step=state.step + 1), {"loss": loss.detach()}
+        grads = scaler.unscale(grads, state.hparams)
+        finite = scaler.finite(grads)
+        params, opt = update(grads, state.opt, state.params, finite)
+        hparams = scaler.update(state.hparams, finite)
+        state = state.replace(params=params, buffers=buffers, opt=opt, hparams=hparams, step=state.step + 1)
+        return state, {"loss": loss.detach()}
 
     return plain_step

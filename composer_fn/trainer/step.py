@@ -50,6 +50,7 @@ from composer_fn.optim.base import (
 )
 from composer_fn.optim.fused import fusable, fused_step
 from composer_fn.trainer.eager_step import ModuleSlots, make_plain_step
+from composer_fn.trainer.loss_scale import DynamicLossScale
 
 __all__ = [
     "check_class_targets",
@@ -155,6 +156,8 @@ def precision_context(static: Static) -> contextlib.AbstractContextManager[Any]:
     """Returns the autocast context for the static spec's precision (a null context for fp32)."""
     if static.precision == "bf16-mixed":
         return torch.autocast(device_type=static.device.type, dtype=torch.bfloat16)
+    if static.precision == "fp16-mixed":
+        return torch.autocast(device_type=static.device.type, dtype=torch.float16)
     return contextlib.nullcontext()
 
 
@@ -189,6 +192,7 @@ def make_train_step(
     per_sample_loss_fn: LossFn | None = None,
     donate: bool = False,
     frozen: frozenset[str] = frozenset(),
+    loss_scale: DynamicLossScale | None = None,
 ) -> StepFn:
     """Returns the training step: the plan's traced events around a functional gradient and ``tx``'s update.
 
@@ -205,9 +209,15 @@ def make_train_step(
 
     Parameters named in ``frozen`` (layer freezing) get no gradient computed and no update; their optimizer
     state is kept as it is. Hooks see gradients of the trainable parameters only.
+
+    With precision ``'fp16-mixed'`` (or a given ``loss_scale``), the gradient is that of the scaled loss,
+    unscaled before AFTER_BACKWARD (hooks and ``gradient_fn`` see true gradients); the update is skipped when a
+    gradient reaching it is not finite (eagerly by a host check, as ``GradScaler.step``; compiled by a select),
+    and the scale in ``state.hparams`` follows ``loss_scale.update``.
     """
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"grad_mode={grad_mode!r} must be one of {', '.join(GRAD_MODES)}")
+    scaler = loss_scale if loss_scale is not None else (DynamicLossScale() if static.precision == "fp16-mixed" else None)
     slots = ModuleSlots(static.module) if grad_mode == "autograd" else None
     key_names = forward_key_names(static.module)
     forward_with = functools.partial(_forward, static, slots)
@@ -221,6 +231,7 @@ def make_train_step(
             input_key=input_key,
             frozen=frozen,
             key_names=key_names,
+            scaler=scaler,
         )
 
     def loss_and_aux(
@@ -242,7 +253,9 @@ def make_train_step(
     def split_loss_and_aux(
         trainable: Mapping[str, Tensor], fixed: Mapping[str, Tensor], state: State, ctx: StepCtx
     ) -> tuple[Tensor, tuple[State, StepCtx]]:
-        return loss_and_aux({**fixed, **trainable}, state, ctx)
+        loss, aux = loss_and_aux({**fixed, **trainable}, state, ctx)
+        # With loss scaling, the value differentiated is the scaled loss; the context keeps the true one.
+        return (loss if scaler is None else scaler.scale(loss, state.hparams)), aux
 
     differentiate = grad_and_value(split_loss_and_aux, has_aux=True)
     keyed = bool(plan.hooks) or bool(key_names)
@@ -265,14 +278,18 @@ def make_train_step(
         trainable = {n: p for n, p in params.items() if n not in frozen}
         fixed = {n: p.detach() for n, p in params.items() if n in frozen}
         if grad_mode == "func":
-            grads, (loss, aux) = differentiate(trainable, fixed, state, ctx)
-            return loss, grads, aux
-        leaves = {name: p.detach().requires_grad_() for name, p in trainable.items()}
-        # A hook may call the closure under no_grad; its gradient must not depend on where it is called from.
-        with torch.enable_grad():
-            loss, aux = split_loss_and_aux(leaves, fixed, state, ctx)
-            differentiated = torch.autograd.grad(loss, tuple(leaves.values()), materialize_grads=True)
-            grads = dict(zip(leaves, differentiated, strict=True))
+            grads, (_, aux) = differentiate(trainable, fixed, state, ctx)
+        else:
+            leaves = {name: p.detach().requires_grad_() for name, p in trainable.items()}
+            # A hook may call the closure under no_grad; its gradient must not depend on where it is called from.
+            with torch.enable_grad():
+                objective, aux = split_loss_and_aux(leaves, fixed, state, ctx)
+                differentiated = torch.autograd.grad(objective, tuple(leaves.values()), materialize_grads=True)
+                grads = dict(zip(leaves, differentiated, strict=True))
+        if scaler is not None:
+            grads = scaler.unscale(grads, state.hparams)
+        loss = aux[1].loss
+        assert loss is not None
         return loss, grads, aux
 
     def gradients(params: Mapping[str, Tensor], state: State, ctx: StepCtx) -> tuple[Tensor, dict[str, Tensor]]:
@@ -302,8 +319,14 @@ def make_train_step(
         state, ctx = run_event(Event.AFTER_BACKWARD, plan, state, ctx)
         state, ctx = run_event(Event.AFTER_TRAIN_BATCH, plan, state, ctx)
         assert ctx.grads is not None
-        params, opt = update(ctx.grads, state.opt, state.params)
-        state = state.replace(params=params, opt=opt, step=state.step + 1)
+        if scaler is None:
+            params, opt = update(ctx.grads, state.opt, state.params)
+            state = state.replace(params=params, opt=opt, step=state.step + 1)
+        else:
+            finite = scaler.finite(ctx.grads)
+            params, opt = update(ctx.grads, state.opt, state.params, finite)
+            hparams = scaler.update(state.hparams, finite)
+            state = state.replace(params=params, opt=opt, hparams=hparams, step=state.step + 1)
         state, ctx = run_event(Event.AFTER_OPTIMIZER_STEP, plan, state, ctx)
         assert ctx.loss is not None
         return state, {"loss": ctx.loss}
@@ -316,8 +339,29 @@ def _optimize(
     grads: Mapping[str, Tensor],
     opt: OptState,
     params: Mapping[str, Tensor],
+    finite: Tensor | None = None,
+    *,
     donate: bool,
     frozen: frozenset[str] = frozenset(),
+) -> tuple[dict[str, Tensor], OptState]:
+    if finite is None:
+        return _update(tx, grads, opt, params, donate, frozen)
+    if not torch.compiler.is_compiling():
+        # Eagerly, a step with a non-finite gradient is skipped whole (a host check, as GradScaler.step).
+        return _update(tx, grads, opt, params, donate, frozen) if bool(finite) else (dict(params), opt)
+    # Traced, both are computed and the finite one is selected: no host synchronisation.
+    new_params, new_opt = _update(tx, grads, opt, params, False, frozen)
+    kept = {name: torch.where(finite, new_params[name], tensor) for name, tensor in params.items()}
+    return kept, pytree.tree_map(lambda new, old: torch.where(finite, new, old), new_opt, opt)
+
+
+def _update(
+    tx: GradientTransformation,
+    grads: Mapping[str, Tensor],
+    opt: OptState,
+    params: Mapping[str, Tensor],
+    donate: bool,
+    frozen: frozenset[str],
 ) -> tuple[dict[str, Tensor], OptState]:
     names = tuple(params)
     trainable = {n: p for n, p in params.items() if n not in frozen} if frozen else params

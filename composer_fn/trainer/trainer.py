@@ -68,6 +68,7 @@ from composer_fn.trainer.checkpoint import (
 )
 from composer_fn.trainer.evaluation import evaluate
 from composer_fn.trainer.learning_rate import learning_rate
+from composer_fn.trainer.loss_scale import DynamicLossScale
 from composer_fn.trainer.step import (
     GRAD_MODES,
     GradMode,
@@ -122,7 +123,8 @@ class Trainer:
             ``max_duration`` and the schedule's times in ba and ep stretch by the same ``r``.
         algorithms: algorithm records, each at most once.
         seed: the root of every random draw of the run.
-        precision: ``'fp32'`` or ``'bf16-mixed'`` (autocast inside the step).
+        precision: ``'fp32'``, ``'bf16-mixed'`` or ``'fp16-mixed'`` (autocast inside the step; fp16 with dynamic
+            loss scaling, ``composer_fn.trainer.loss_scale``, whose scale is checkpointed with the run).
         compile: False, True (inductor) or the name of a ``torch.compile`` backend.
         callbacks, loggers: observers and metric destinations. An eager run updates the state's tensors in place
             (the trainer owns them), so a callback that keeps a tensor past its call keeps a clone.
@@ -334,6 +336,8 @@ class Trainer:
             opt=self.tx.init(state.params),
             algos={a.name: a.init(self.static, state) for a in self.algorithms},
         )
+        if precision == "fp16-mixed":
+            state = state.replace(hparams={**state.hparams, **DynamicLossScale().init(self.static.device)})
         self.state = state
         self._notify(Event.INIT)
         if load_path is not None:

@@ -242,7 +242,7 @@ def test_static_replace_returns_a_new_record() -> None:
 
 def test_static_rejects_an_unknown_precision_naming_it() -> None:
     with pytest.raises(ValueError, match="precision"):
-        Static(nn.Identity(), precision="fp16-mixed")  # type: ignore[arg-type]
+        Static(nn.Identity(), precision="fp8-mixed")  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------------------------- batches
