@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 
 import torch
@@ -22,6 +23,14 @@ class TensorLoader:
     ones before it. Like ``DistributedSampler``, the loader does not advance its epoch on its own: call
     ``set_epoch`` before iterating each epoch. Batches are copies (``index_select``), never views, so a
     consumer that edits a batch in place cannot change the data.
+
+    Across processes, ``batch_size`` is each rank's: the epoch's order is cut into global batches of
+    ``batch_size * world_size`` samples, and rank ``r`` takes the ``r``-th slice of ``batch_size`` of each. The
+    ranks' batches of a step, concatenated in rank order, are the one-process loader's batch of the global size
+    (disjoint, covering the epoch, no sample repeated), which is what makes a run independent of its number of
+    processes. Every rank has the same number of batches; without ``drop_last`` the epoch's last global batch
+    may be short, and then the higher ranks' last batches are short or empty. ``rank`` and ``world_size``
+    default to the initialised process group's, else to torchrun's ``RANK`` and ``WORLD_SIZE``, else 0 and 1.
     """
 
     def __init__(
@@ -32,6 +41,8 @@ class TensorLoader:
         shuffle: bool = True,
         drop_last: bool = False,
         seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         if not isinstance(tensors, tuple) or not tensors or not all(isinstance(t, Tensor) for t in tensors):
             raise TypeError(
@@ -52,6 +63,7 @@ class TensorLoader:
         self._root = key(seed)  # validates seed
         self._epoch = 0
         self._size = size
+        self.rank, self.world_size = _rank_and_world_size(rank, world_size)
 
     @property
     def dataset_size(self) -> int:
@@ -67,11 +79,16 @@ class TensorLoader:
         """Selects the epoch whose order the next ``__iter__`` follows."""
         self._epoch = integer("epoch", epoch, minimum=0)
 
+    @property
+    def global_batch_size(self) -> int:
+        """Returns the number of samples a step takes across all ranks: ``batch_size * world_size``."""
+        return self.batch_size * self.world_size
+
     def __len__(self) -> int:
-        """Returns the number of batches in one epoch."""
+        """Returns the number of batches in one epoch (the same on every rank)."""
         if self.drop_last:
-            return self._size // self.batch_size
-        return math.ceil(self._size / self.batch_size)
+            return self._size // self.global_batch_size
+        return math.ceil(self._size / self.global_batch_size)
 
     def order(self, epoch: int) -> Tensor:
         """Returns the ``int64`` sample indices of ``epoch`` in the order they are visited."""
@@ -99,15 +116,38 @@ class TensorLoader:
         # One copy of the order per device, so that each batch costs exactly one gather per tensor.
         order_on = {device: order.to(device) for device in {t.device for t in self.tensors}}
         for batch in range(start, stop):
-            begin = batch * self.batch_size
+            begin = min(batch * self.global_batch_size + self.rank * self.batch_size, self._size)
             end = min(begin + self.batch_size, self._size)
             yield tuple(t.index_select(0, order_on[t.device][begin:end]) for t in self.tensors)
 
     def __repr__(self) -> str:
         return (
             f"TensorLoader(dataset_size={self._size}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
-            f"drop_last={self.drop_last}, seed={self.seed}, epoch={self._epoch})"
+            f"drop_last={self.drop_last}, seed={self.seed}, epoch={self._epoch}, rank={self.rank}, "
+            f"world_size={self.world_size})"
         )
+
+
+def _rank_and_world_size(rank: object, world_size: object) -> tuple[int, int]:
+    """Returns the checked ``(rank, world_size)``: as given, else the process group's or torchrun's, else (0, 1)."""
+    if (rank is None) != (world_size is None):
+        raise ValueError(f"rank={rank!r}, world_size={world_size!r}: give both or neither")
+    if rank is None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            rank, world_size = _environment_int("RANK"), _environment_int("WORLD_SIZE")
+        else:
+            rank, world_size = 0, 1
+    size = integer("world_size", world_size, minimum=1)
+    return integer("rank", rank, minimum=0, maximum=size - 1, hint=f"a rank of world_size={size}"), size
+
+
+def _environment_int(name: str) -> int:
+    value = os.environ[name]
+    if not value.isdigit():
+        raise ValueError(f"environment variable {name}={value!r}: expected a whole number (torchrun sets it)")
+    return int(value)
 
 
 def _describe(value: object) -> str:

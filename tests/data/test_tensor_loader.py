@@ -147,3 +147,67 @@ def test_invalid_epoch_or_batch_in_epoch_raise() -> None:
         loader.iter_from(0, 4)
     with pytest.raises(ValueError, match="seed"):
         TensorLoader(_dataset(10), 4, seed=-1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.integers(1, 70),
+    batch_size=st.integers(1, 12),
+    world_size=st.integers(1, 5),
+    drop_last=st.booleans(),
+    seed=st.integers(0, 2**32),
+    epoch=st.integers(0, 50),
+    start=st.integers(0, 20),
+)
+def test_ranks_batches_concatenated_are_the_one_process_batches_of_the_global_size(
+    size: int, batch_size: int, world_size: int, drop_last: bool, seed: int, epoch: int, start: int
+) -> None:
+    whole = TensorLoader(_dataset(size), batch_size * world_size, drop_last=drop_last, seed=seed, rank=0, world_size=1)
+    ranks = [
+        TensorLoader(_dataset(size), batch_size, drop_last=drop_last, seed=seed, rank=r, world_size=world_size)
+        for r in range(world_size)
+    ]
+    assert {len(loader) for loader in ranks} == {len(whole)}
+    start = min(start, len(whole))
+    expected = [indices for indices, _ in whole.iter_from(epoch, start)]
+    per_rank = [[indices for indices, _ in loader.iter_from(epoch, start)] for loader in ranks]
+    for step, batch in enumerate(expected):
+        parts = [per_rank[r][step] for r in range(world_size)]
+        assert all(len(part) <= batch_size for part in parts)
+        assert torch.equal(torch.cat(parts), batch)
+    # Disjoint and covering: each sample of the epoch's visited part exactly once.
+    if start == 0:
+        visited = torch.cat([batch for batches in per_rank for batch in batches]) if expected else torch.empty(0)
+        assert visited.numel() == len(set(visited.tolist()))
+        assert visited.numel() == (size // (batch_size * world_size)) * batch_size * world_size if drop_last else size
+
+
+def test_rank_and_world_size_default_to_torchruns_environment(monkeypatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    loader = TensorLoader(_dataset(10), 2, shuffle=False)
+    assert (loader.rank, loader.world_size, loader.global_batch_size, len(loader)) == (1, 2, 4, 3)
+    assert [indices.tolist() for indices, _ in loader] == [[2, 3], [6, 7], []]
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    assert (TensorLoader(_dataset(10), 2).rank, TensorLoader(_dataset(10), 2).world_size) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"rank": 2, "world_size": 2}, ValueError, r"rank=2 must be an int in \[0, 1\] \(a rank of world_size=2\)"),
+        ({"rank": 0, "world_size": 0}, ValueError, "world_size=0 must be an int >= 1"),
+        ({"rank": 1}, ValueError, "rank=1, world_size=None: give both or neither"),
+    ],
+)
+def test_a_bad_rank_or_world_size_is_refused_naming_it(options, error, message) -> None:
+    with pytest.raises(error, match=message):
+        TensorLoader(_dataset(10), 2, **options)
+
+
+def test_a_malformed_torchrun_environment_is_refused_naming_the_variable(monkeypatch) -> None:
+    monkeypatch.setenv("RANK", "one")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="environment variable RANK='one': expected a whole number"):
+        TensorLoader(_dataset(10), 2)
