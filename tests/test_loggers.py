@@ -1,0 +1,67 @@
+"""TensorBoard and console loggers: what the trainer logs is read back with TensorBoard's own reader, and the
+console shows one line per logged step and per evaluation."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from composer_fn import Trainer, optim
+from composer_fn import random as R
+from composer_fn.data import TensorLoader
+from composer_fn.loggers import ConsoleLogger, InMemoryLogger, TensorBoardLogger
+from composer_fn.models import MLP
+
+DATA = (R.normal(R.key(0), (32, 6)), R.randint(R.key(1), 0, 2, (32,)))
+
+
+def _fit(*loggers) -> None:
+    Trainer(
+        MLP(6, 2),
+        TensorLoader(DATA, batch_size=8),
+        TensorLoader(DATA, batch_size=16, shuffle=False),
+        max_duration="2ep",
+        optimizer=optim.sgd(0.1),
+        log_interval="1ba",
+        loggers=list(loggers),
+        progress_bar=False,
+    ).fit()
+
+
+def test_tensorboard_holds_every_logged_scalar_at_its_step_and_the_settings_once(tmp_path: Path) -> None:
+    memory = InMemoryLogger()
+    _fit(TensorBoardLogger(tmp_path / "tb"), memory)
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    scalars = events.Tags()["scalars"]
+    for kind in ("train", "eval"):
+        records = [r for r in memory.records if r["kind"] == kind]
+        assert records
+        for name in ("loss", "lr_multiplier", "samples_per_second") if kind == "train" else ("eval_accuracy", "eval_loss"):
+            assert f"{kind}/{name}" in scalars
+            logged = [(e.step, e.value) for e in events.Scalars(f"{kind}/{name}")]
+            assert logged == [(r["step"], pytest.approx(r[name], rel=1e-6)) for r in records]
+    assert "fit/wall_time" in scalars
+    texts = [tag for tag in events.Tags()["tensors"] if tag.startswith("hparams")]
+    assert len(texts) == 1
+    text = events.Tensors(texts[0])[0].tensor_proto.string_val[0].decode()
+    assert '"max_duration": "2ep"' in text and '"seed": 0' in text
+
+
+def test_the_console_shows_one_line_per_logged_step_and_per_evaluation() -> None:
+    stream = io.StringIO()
+    _fit(ConsoleLogger(stream))
+    lines = stream.getvalue().splitlines()
+    assert sum("samples/s" in line for line in lines) == 8
+    evaluations = [line for line in lines if "eval_accuracy" in line]
+    assert len(evaluations) == 2 and all("%" in line and "eval_loss" in line for line in evaluations)
+    assert lines[0].startswith("[epoch 0 | batch 1] loss ")
+    assert lines[-1].startswith("[done at batch 8]")
+
+
+def test_a_bad_flush_interval_is_refused_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="flush_secs=0 must be an int >= 1"):
+        TensorBoardLogger(tmp_path, flush_secs=0)
