@@ -196,7 +196,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
         eval_loader,
         max_duration=args.max_duration,
         optimizer=optim.sgd(learning_rate, momentum=0.9, nesterov=True, weight_decay=5e-4),
-        schedule=optim.CosineAnnealingWithWarmupScheduler(t_warmup="1ep"),
+        schedule=optim.CosineAnnealingWithWarmupScheduler(t_warmup=_warmup(args.max_duration)),
         algorithms=algorithms,
         seed=args.seed,
         precision=args.precision,
@@ -216,6 +216,11 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
     if trainer.compiles:
         print(f"compiled graphs: {trainer.compiles}")
     return 0
+
+
+def _warmup(max_duration: Time) -> str:
+    """Returns the warm-up of the tasks' schedule: one epoch, or a tenth of a run shorter than two epochs."""
+    return "1ep" if max_duration.unit is TimeUnit.EPOCH and max_duration.value >= 2 else "0.1dur"
 
 
 def _plan(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Task) -> int:

@@ -111,3 +111,9 @@ def test_autoresume_continues_an_interrupted_run_from_its_save_folder(capsys, tm
     assert "46 steps, 2 epochs" in capsys.readouterr().out
     assert main(["train", "--autoresume", "--no-progress"]) == 2
     assert "autoresume=True needs a save_folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("duration", ["3ba", "1ep"])
+def test_a_run_shorter_than_two_epochs_trains_with_a_warm_up_of_a_tenth(capsys, duration) -> None:
+    assert main(["train", "--task", "digits-mlp", "--max-duration", duration, "--no-progress"]) == 0
+    assert "held-out accuracy" in capsys.readouterr().out

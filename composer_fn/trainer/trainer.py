@@ -386,7 +386,7 @@ class Trainer:
         # Once, on the first batch: an augmentation written for pixels in [0, 1] would silently mangle
         # standardised inputs (a traced step cannot read values to check them).
         input = batch_get(batch, self.input_key)
-        if not isinstance(input, Tensor) or not input.is_floating_point() or input.numel() == 0:
+        if not self._input_ranges or not isinstance(input, Tensor) or not input.is_floating_point() or not input.numel():
             return
         low, high = float(input.min()), float(input.max())
         for name, (lowest, highest) in self._input_ranges:
