@@ -231,8 +231,17 @@ def _plan(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Tas
     batch_size = args.batch_size if args.batch_size is not None else task.batch_size
     steps_per_epoch = len(TensorLoader(train, batch_size, shuffle=False))
     input_shape = (batch_size, *train[0].shape[1:])
-    report = dry_run(algorithms, args.max_duration, steps_per_epoch, batch_size=batch_size, input_shape=input_shape)
+    # Checked against the task's model: a surgery that finds nothing to rewrite there never runs.
+    model = task.model()
+    inert = [a for a in algorithms if (rewrites := a.capabilities().rewrites) is not None and not rewrites(model)]
+    acting = tuple(a for a in algorithms if a not in inert)
+    report = dry_run(acting, args.max_duration, steps_per_epoch, batch_size=batch_size, input_shape=input_shape)
     print(report.format())
+    for algorithm in inert:
+        print(
+            f"warning: {algorithm.name} is left out: it finds nothing to rewrite in the task's model "
+            f"({type(model).__name__}), so it would change nothing"
+        )
     return 0
 
 

@@ -27,6 +27,8 @@ class DryRunRow:
     when: str
     event: Event
     algorithms: tuple[str, ...]
+    span: tuple[str, int, int] | None = None
+    """``(unit, first, last)`` of a span of epochs (``'ep'``) or batches (``'ba'``); None at the start and end."""
 
 
 @dataclass(frozen=True)
@@ -39,15 +41,47 @@ class DryRun:
     diagnostics: tuple[str, ...]
 
     def format(self) -> str:
-        """Returns the schedule as an aligned text table."""
+        """Returns the schedule as an aligned text table, nearby spans of the same event and algorithms folded into
+        one row (``ba 35-62, 15 of 28``: the algorithms run at 15 of the 28 batches from 35 to 62)."""
         header = ("when", "event", "algorithms (in order)")
-        table = [header] + [(r.when, r.event.name, ", ".join(r.algorithms)) for r in self.rows]
+        table = [header] + [(when, r.event.name, ", ".join(r.algorithms)) for when, r in _folded(self.rows)]
         widths = [max(len(row[i]) for row in table) for i in range(2)]
         lines = [f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]}".rstrip() for row in table]
         lines.insert(1, "-" * max(len(line) for line in lines))
         lines.append(f"{self.total_steps} steps; {self.compiled_steps} distinct traced step(s) to compile")
         lines.extend(f"warning: {d}" for d in self.diagnostics)
         return "\n".join(lines)
+
+
+_GAP = 8
+"""Spans of one event and algorithms at most this many epochs or batches apart are shown as one row."""
+
+
+def _folded(rows: Sequence[DryRunRow]) -> Iterator[tuple[str, DryRunRow]]:
+    """Yields ``(when, row)`` with the spans of each (event, algorithms) that lie close together folded into one
+    row, in the order of their first span: ``ba 35-62, 15 of 28`` runs at 15 of the 28 batches from 35 to 62."""
+    folds: list[tuple[DryRunRow, list[int]]] = []  # the first row, and [first, last, count] of its fold
+    latest: dict[tuple[str, Event, tuple[str, ...]], int] = {}
+    for row in rows:
+        if row.span is None:
+            folds.append((row, []))
+            continue
+        unit, first, last = row.span
+        key = (unit, row.event, row.algorithms)
+        index = latest.get(key)
+        if index is not None and first - folds[index][1][1] - 1 <= _GAP:
+            fold = folds[index][1]
+            fold[1], fold[2] = last, fold[2] + last - first + 1
+        else:
+            latest[key] = len(folds)
+            folds.append((row, [first, last, last - first + 1]))
+    for row, fold in folds:
+        if not fold:
+            yield row.when, row
+            continue
+        unit, (first, last, count) = row.span[0], fold  # type: ignore[index]
+        span = f"{unit} {first}" if first == last else f"{unit} {first}-{last}"
+        yield (span if count == last - first + 1 else f"{span}, {count} of {last - first + 1}"), row
 
 
 _EPOCH_EVENTS = frozenset({Event.EPOCH_START, Event.EPOCH_END, Event.EPOCH_CHECKPOINT})
@@ -121,6 +155,6 @@ def dry_run(
     for unit, labels in (("ep", per_epoch), ("ba", per_batch)):
         for first, last, span_names in _spans(sorted(labels.items())):
             when = f"{unit} {first}" if first == last else f"{unit} {first}-{last}"
-            rows.extend(DryRunRow(when, e, n) for e, n in span_names)  # type: ignore[attr-defined]
+            rows.extend(DryRunRow(when, e, n, (unit, first, last)) for e, n in span_names)  # type: ignore[attr-defined]
     rows = [r for r in rows + ends["end"] if r.algorithms]
     return DryRun(tuple(rows), max(len(step_keys), 1), total, tuple(dict.fromkeys(diagnostics)))

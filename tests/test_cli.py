@@ -117,3 +117,11 @@ def test_autoresume_continues_an_interrupted_run_from_its_save_folder(capsys, tm
 def test_a_run_shorter_than_two_epochs_trains_with_a_warm_up_of_a_tenth(capsys, duration) -> None:
     assert main(["train", "--task", "digits-mlp", "--max-duration", duration, "--no-progress"]) == 0
     assert "held-out accuracy" in capsys.readouterr().out
+
+
+def test_plan_leaves_out_a_surgery_that_finds_nothing_in_the_tasks_model(capsys) -> None:
+    assert main(["plan", "--algorithms", "alibi,mixup", "--max-duration", "2ep"]) == 0
+    out = capsys.readouterr().out
+    table, warnings = out.split("warning:", 1)
+    assert "alibi" not in table and "mixup" in table
+    assert "alibi is left out: it finds nothing to rewrite in the task's model (SmallCNN)" in warnings

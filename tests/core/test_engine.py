@@ -414,6 +414,27 @@ def test_dry_run_of_an_algorithm_starting_at_batch_five() -> None:
     assert "12 steps; 2 distinct traced step(s) to compile" in text
 
 
+@dataclass(frozen=True)
+class EvenBatches(recorder("even")):  # type: ignore[misc]
+    """Runs at the even batches from ``from_batch`` on, and at every batch from ``every_from`` on."""
+
+    every_from: int = 10**9
+
+    def match(self, event: Event, timestamp: Timestamp) -> bool:
+        batch = timestamp.batch
+        return batch >= self.from_batch and (batch % 2 == 0 or batch >= self.every_from)
+
+
+def test_the_dry_run_table_folds_spans_of_one_event_that_lie_close_together() -> None:
+    result = dry_run([EvenBatches(hooked=(Event.BEFORE_FORWARD,), from_batch=2)], "100ep", steps_per_epoch=10)
+    assert len(result.rows) == 499  # one row per even batch from 2 to 998
+    lines = result.format().splitlines()
+    assert lines[2].split()[:4] == ["ba", "2-998,", "499", "of"] and lines[2].split()[4] == "997"
+    assert len(lines) == 4
+    dense = dry_run([EvenBatches(hooked=(Event.BEFORE_FORWARD,), every_from=6)], "2ep", steps_per_epoch=5)
+    assert "ba 0-9, 7 of 10" in dense.format()  # batches 0, 2, 4, then 6 to 9
+
+
 def test_dry_run_shows_host_events_and_diagnostics() -> None:
     hooked = (Event.INIT, Event.EPOCH_START, Event.BEFORE_FORWARD, Event.BEFORE_BACKWARD)
     algorithms = [A(hooked=hooked, interpolate_loss=True), B(hooked=hooked, interpolate_loss=True)]
