@@ -1,5 +1,6 @@
 """Observers of training: they receive a read-only view of the run at each event and change nothing."""
 
 from composer_fn.callbacks.base import Callback, RunView
+from composer_fn.callbacks.nan_monitor import NaNMonitor
 
-__all__ = ["Callback", "RunView"]
+__all__ = ["Callback", "NaNMonitor", "RunView"]

@@ -1,0 +1,37 @@
+"""``NaNMonitor``: ends a run at the first step whose weights stopped being finite, naming the step and tensor."""
+
+from __future__ import annotations
+
+import torch
+
+from composer_fn.callbacks.base import Callback, RunView
+from composer_fn.core import validate
+
+__all__ = ["NaNMonitor"]
+
+
+class NaNMonitor(Callback):
+    """Raises ``FloatingPointError`` at the end of the first checked step whose parameters or floating-point
+    buffers hold a NaN or an infinity, naming the step and the first such tensor in module order.
+
+    It reads the state and changes nothing; the error ends ``fit()`` before the next step, so the last
+    checkpoint written is from before the divergence. The check reads device memory once per checked step
+    (one host synchronisation): ``interval`` checks every that many steps instead.
+    """
+
+    def __init__(self, interval: int = 1) -> None:
+        self.interval = validate.integer("interval", interval, minimum=1, hint="steps between checks")
+
+    def batch_end(self, view: RunView) -> None:
+        step = view.timestamp.batch
+        if step % self.interval:
+            return
+        tensors = [("parameter", name, t) for name, t in view.state.params.items()]
+        tensors += [("buffer", name, t) for name, t in view.state.buffers.items() if t.is_floating_point()]
+        if not tensors or bool(torch.stack([torch.isfinite(t).all() for _, _, t in tensors]).all()):
+            return
+        kind, name, _ = next(entry for entry in tensors if not bool(torch.isfinite(entry[2]).all()))
+        raise FloatingPointError(
+            f"step {step} (epoch {view.timestamp.epoch}): {kind} {name!r} holds NaN or infinity; the run diverged "
+            "(a lower learning rate, gradient clipping or bf16 instead of fp16 are the usual remedies)"
+        )
