@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from composer_fn.core import validate
 from composer_fn.loggers.base import Logger
 
 __all__ = ["TensorBoardLogger", "ConsoleLogger"]
@@ -36,8 +37,7 @@ class TensorBoardLogger(Logger):
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as error:  # tensorboard is a dependency; a broken install still gets a clear word
             raise ImportError(f"TensorBoardLogger needs the tensorboard package ({error}): pip install tensorboard") from None
-        if isinstance(flush_secs, bool) or not isinstance(flush_secs, int) or flush_secs < 1:
-            raise ValueError(f"flush_secs={flush_secs!r} must be an int >= 1 (seconds)")
+        validate.integer("flush_secs", flush_secs, minimum=1, hint="seconds")
         self.log_dir = Path(log_dir)
         self._writer: Any = SummaryWriter(log_dir=str(self.log_dir), flush_secs=flush_secs)
 

@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 import torch
 import torch.utils._pytree as pytree
 from torch import Tensor, nn
-from torch.func import functional_call
 from tqdm import tqdm
 
 from composer_fn.callbacks.base import Callback, RunView, bind_callbacks
@@ -49,6 +48,7 @@ from composer_fn.core.state import (
     Static,
     batch_get,
     batch_meta,
+    batch_set,
     initial_state,
 )
 from composer_fn.core.time import Time, Timestamp, TimeUnit, to_steps
@@ -79,7 +79,6 @@ from composer_fn.trainer.step import (
     cross_entropy_per_sample_loss,
     make_eval_step,
     make_train_step,
-    precision_context,
 )
 
 __all__ = ["Trainer"]
@@ -399,19 +398,20 @@ class Trainer:
 
     def _check_targets(self, batch: Any) -> None:
         # Once, on the first batch, with the default loss: a class index the model has no output for fails deep
-        # inside cross-entropy (on a GPU, as a device-side assertion). One sample's evaluation-mode forward
-        # gives the class count.
+        # inside cross-entropy (on a GPU, as a device-side assertion). One sample's evaluation forward, by the
+        # evaluation step without hooks and uncompiled, gives the class count.
         target = batch_get(batch, self.target_key)
-        input = batch_get(batch, self.input_key)
         if not self._default_loss or not isinstance(target, Tensor) or target.is_floating_point():
             return
+        first = pytree.tree_map(
+            lambda t: t[:1] if isinstance(t, Tensor) and t.dim() else t, batch_get(batch, self.input_key)
+        )
+        step = make_eval_step(self.static, make_plan((), timestamp=self.timestamp), input_key=self.input_key)
         module = self.static.module
         training = module.training
         try:
             module.eval()
-            with torch.no_grad(), precision_context(self.static):
-                first = pytree.tree_map(lambda t: t[:1] if isinstance(t, Tensor) and t.dim() else t, input)
-                outputs = functional_call(module, (dict(self.state.params), dict(self.state.buffers)), (first,))
+            outputs = step(self.state, batch_set(batch, self.input_key, first))
         finally:
             module.train(training)
         if isinstance(outputs, Tensor):
