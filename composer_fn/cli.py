@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -114,6 +115,12 @@ def _epochs_or_batches(text: str) -> Time:
 
 _POSITIVE_INT = _checked("a whole number >= 1", int, lambda n: n >= 1)
 _SEED = _checked("a whole number in [0, 2**64)", int, lambda n: 0 <= n < 2**64)
+_TIMEOUT = _checked("a finite number of seconds > 0, e.g. 300", float, lambda x: math.isfinite(x) and x > 0)
+_MICROBATCH = _checked(
+    "a whole number >= 1 or auto",
+    lambda text: text if text == "auto" else int(text),
+    lambda size: size == "auto" or (isinstance(size, int) and size >= 1),
+)
 _LEARNING_RATE = _checked("a finite number > 0, e.g. 0.1", float, lambda x: math.isfinite(x) and x > 0)
 _MAX_DURATION = _checked(
     "a whole number >= 1 of epochs or batches, e.g. 10ep or 500ba", _epochs_or_batches, lambda t: t.value >= 1
@@ -148,6 +155,19 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     train.add_argument("--log-file", type=_FILE, default=None, help="a JSON-lines file receiving every logged record")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     train.add_argument("--threads", type=_POSITIVE_INT, default=None, help="torch intra-op threads")
+    train.add_argument(
+        "--microbatch-size",
+        type=_MICROBATCH,
+        default=None,
+        help="samples per device microbatch (gradient accumulation), or auto (halve on out-of-memory)",
+    )
+    train.add_argument(
+        "--nproc",
+        type=_POSITIVE_INT,
+        default=None,
+        help="run on this many processes with torchrun (one per GPU); --batch-size is then the global batch",
+    )
+    train.add_argument("--dist-timeout", type=_TIMEOUT, default=300.0, help="seconds a collective waits (default 300)")
     return parser, dict(commands.choices)
 
 
@@ -187,9 +207,15 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
     train, heldout = task.data(args.seed, _wants_unit_range(algorithms))
     batch_size = args.batch_size if args.batch_size is not None else task.batch_size
     learning_rate = args.lr if args.lr is not None else task.learning_rate
-    loader = TensorLoader(train, batch_size, shuffle=True, seed=args.seed)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if batch_size % world_size:
+        raise ValueError(f"--batch-size={batch_size} must be a multiple of the {world_size} processes (the global batch)")
+    # Under torchrun the batch is global: each process takes its share, and the run equals one process's run with
+    # --microbatch-size of that share.
+    loader = TensorLoader(train, batch_size // world_size, shuffle=True, seed=args.seed)
     eval_loader = TensorLoader(heldout, 512, shuffle=False)
-    loggers: list[Logger] = [JSONLLogger(args.log_file)] if args.log_file is not None else []
+    main_process = os.environ.get("RANK", "0") == "0"
+    loggers: list[Logger] = [JSONLLogger(args.log_file)] if args.log_file is not None and main_process else []
     trainer = Trainer(
         task.model(),
         loader,
@@ -206,8 +232,12 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
         load_path=args.load_path,
         autoresume=args.autoresume,
         progress_bar=not args.no_progress,
+        device_train_microbatch_size=args.microbatch_size,
+        dist_timeout=args.dist_timeout,
     )
     metrics = trainer.fit()
+    if not main_process:
+        return 0
     wall = time.perf_counter() - started
     names = ", ".join(a.name for a in algorithms) or "none"
     print(f"task {args.task} | algorithms {names} | {trainer.timestamp.batch} steps, {trainer.timestamp.epoch} epochs")
@@ -245,6 +275,22 @@ def _plan(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Tas
     return 0
 
 
+def _launch(argv: Sequence[str], processes: int) -> int:
+    """Returns the exit status of this command run by torchrun on ``processes`` processes of this machine."""
+    import subprocess
+
+    rest, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item == "--nproc":
+            skip = True
+        elif not item.startswith("--nproc="):
+            rest.append(item)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    return subprocess.call([*command, "-m", "composer_fn", *rest])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Returns the exit status of the ``composer-fn`` command line.
 
@@ -258,6 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         algorithms = parse_algorithms(args.algorithms)
     except ValueError as error:
         commands[args.command].error(f"argument --algorithms: {error}")
+    if args.command == "train" and args.nproc is not None and "WORLD_SIZE" not in os.environ:
+        return _launch(list(sys.argv[1:] if argv is None else argv), args.nproc)
     run: Callable[[argparse.Namespace, tuple[Algorithm, ...], Task], int] = (
         _train if args.command == "train" else _plan
     )

@@ -84,6 +84,10 @@ class TensorLoader:
         """Returns the number of samples a step takes across all ranks: ``batch_size * world_size``."""
         return self.batch_size * self.world_size
 
+    def global_samples(self, batch_in_epoch: int) -> int:
+        """Returns the number of samples all ranks' ``batch_in_epoch``-th batches of an epoch hold together."""
+        return max(0, min(self.global_batch_size, self._size - batch_in_epoch * self.global_batch_size))
+
     def __len__(self) -> int:
         """Returns the number of batches in one epoch (the same on every rank)."""
         if self.drop_last:

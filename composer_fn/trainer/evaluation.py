@@ -1,7 +1,8 @@
-"""Evaluation: the held-out metrics of a state, accumulated with torchmetrics over an evaluation loader."""
+"""Evaluation: the held-out metrics of a state, as exact sums that add up alike over any number of processes."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -10,7 +11,7 @@ from torch import Tensor
 
 from composer_fn.core.event import Event
 from composer_fn.core.state import LossFn, State, batch_get
-from composer_fn.trainer.step import class_last
+from composer_fn.trainer.step import Reduce, class_last
 
 __all__ = ["evaluate"]
 
@@ -22,36 +23,50 @@ def evaluate(
     *,
     loss_fn: LossFn,
     target_key: int | str,
+    input_key: int | str = 0,
     device: torch.device,
     on_event: Callable[[Event], None],
+    reduce: Reduce | None = None,
+    gather: Callable[[list[float]], list[float]] | None = None,
 ) -> dict[str, float]:
-    """Returns ``eval_accuracy`` (multiclass, micro) and ``eval_loss`` (sample-weighted) of ``state``.
+    """Returns ``eval_accuracy`` (multiclass, micro: correct over labelled positions) and ``eval_loss`` (the
+    batches' losses weighted by their sizes) of ``state``.
 
-    ``step`` maps ``(state, batch)`` to outputs; ``batches`` are already on ``device``. ``on_event`` runs at
-    EVAL_BATCH_START and EVAL_BATCH_END of every batch. An empty ``batches`` is an error, not NaN metrics.
+    ``step`` maps ``(state, batch)`` to outputs; ``batches`` are already on ``device``; an empty batch (a
+    process's share of a short last batch) is skipped. ``on_event`` runs at EVAL_BATCH_START and EVAL_BATCH_END
+    of every batch. Across processes, ``reduce`` sums the counts and ``gather`` concatenates the batches' weighted
+    losses in rank order; the loss is their correctly rounded sum (``math.fsum``), so the metrics do not depend
+    on how the batches were shared out. No sample at all is an error, not NaN metrics.
     """
-    # Imported here: torchmetrics loads scipy, which would add a second to every ``import composer_fn``.
-    import torchmetrics
-
-    accuracy: torchmetrics.Metric | None = None
-    mean_loss = torchmetrics.MeanMetric().to(device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    labelled = torch.zeros((), dtype=torch.int64, device=device)
+    samples = torch.zeros((), dtype=torch.int64, device=device)
+    losses: list[Tensor] = []
     for batch in batches:
+        if int(batch_get(batch, input_key).shape[0]) == 0:
+            continue
         on_event(Event.EVAL_BATCH_START)
         outputs = step(state, batch)
         target = batch_get(batch, target_key)
         predictions = outputs.movedim(-1, 1) if class_last(outputs, target) else outputs
-        if accuracy is None:
-            # -100 marks positions without a label (masked-LM targets, padding), as in cross-entropy.
-            accuracy = torchmetrics.classification.MulticlassAccuracy(
-                num_classes=predictions.shape[1], average="micro", ignore_index=-100
-            ).to(device)
-        accuracy.update(predictions.float(), target)
         with torch.no_grad():
-            mean_loss.update(loss_fn(outputs.float(), batch), weight=target.shape[0])
+            # -100 marks positions without a label (masked-LM targets, padding), as in cross-entropy.
+            mask = target != -100
+            correct += ((predictions.argmax(1) == target) & mask).sum()
+            labelled += mask.sum()
+            samples += target.shape[0]
+            losses.append(loss_fn(outputs.float(), batch).double() * target.shape[0])
         on_event(Event.EVAL_BATCH_END)
-    if accuracy is None:
+    counts = [correct, labelled, samples]
+    if reduce is not None:
+        counts = reduce(counts)
+    weighted = torch.stack(losses).tolist() if losses else []
+    if gather is not None:
+        weighted = gather(weighted)
+    correct_count, labelled_count, sample_count = (int(c) for c in counts)
+    if sample_count == 0:
         raise ValueError("eval_dataloader yielded no batch: an evaluation needs at least one")
     return {
-        "eval_accuracy": float(accuracy.compute()),
-        "eval_loss": float(mean_loss.compute()),
+        "eval_accuracy": correct_count / labelled_count if labelled_count else 0.0,
+        "eval_loss": math.fsum(weighted) / sample_count,
     }

@@ -26,13 +26,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
-from torch import Tensor
+from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value
 
 from composer_fn.core import random as R
@@ -193,6 +193,10 @@ def make_train_step(
     donate: bool = False,
     frozen: frozenset[str] = frozenset(),
     loss_scale: DynamicLossScale | None = None,
+    microbatch_size: int | None = None,
+    microbatch_index: int = 0,
+    reduce: Reduce | None = None,
+    guard_failures: bool = False,
 ) -> StepFn:
     """Returns the training step: the plan's traced events around a functional gradient and ``tx``'s update.
 
@@ -214,6 +218,17 @@ def make_train_step(
     unscaled before AFTER_BACKWARD (hooks and ``gradient_fn`` see true gradients); the update is skipped when a
     gradient reaching it is not finite (eagerly by a host check, as ``GradScaler.step``; compiled by a select),
     and the scale in ``state.hparams`` follows ``loss_scale.update``.
+
+    With ``microbatch_size`` or ``reduce`` (several processes), the step is microbatched: the batch is cut into
+    microbatches of ``microbatch_size`` samples (the last may be smaller; None: one), and each runs
+    AFTER_DATALOADER through BEFORE_BACKWARD and its gradient, drawing from ``fold_in(step key, index)`` where
+    ``index`` counts microbatches from ``microbatch_index`` (this process's first in the global batch). Each
+    microbatch's gradient and loss are weighted by its sample count and summed; ``reduce`` sums those across
+    processes; the sum divided by the global sample count is the step's gradient (and loss), which the events
+    from AFTER_BACKWARD on see once. ``gradient_fn`` does the same over every microbatch. The metrics then also
+    hold ``samples``, the global sample count. With ``guard_failures``, a process may join the sum with a failure
+    mark instead (``failed_contribution``, a process out of memory): the count is then infinite and the update
+    skipped.
     """
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"grad_mode={grad_mode!r} must be one of {', '.join(GRAD_MODES)}")
@@ -222,7 +237,8 @@ def make_train_step(
     key_names = forward_key_names(static.module)
     forward_with = functools.partial(_forward, static, slots)
     update = functools.partial(_optimize, tx, donate=donate, frozen=frozen)
-    if grad_mode == "autograd" and not plan.hooks:
+    microbatched = microbatch_size is not None or reduce is not None
+    if grad_mode == "autograd" and not plan.hooks and not microbatched:
         return make_plain_step(
             forward_with,
             loss_fn,
@@ -302,6 +318,39 @@ def make_train_step(
 
         return gradient_fn
 
+    def finish(state: State, ctx: StepCtx, finite: Tensor | None = None) -> tuple[State, dict[str, Tensor]]:
+        # AFTER_BACKWARD to AFTER_OPTIMIZER_STEP, once a step, on the step's gradient in ``ctx``.
+        state, ctx = run_event(Event.AFTER_BACKWARD, plan, state, ctx)
+        state, ctx = run_event(Event.AFTER_TRAIN_BATCH, plan, state, ctx)
+        assert ctx.grads is not None
+        if scaler is not None:
+            finite = scaler.finite(ctx.grads) if finite is None else finite & scaler.finite(ctx.grads)
+        params, opt = update(ctx.grads, state.opt, state.params, finite)
+        state = state.replace(params=params, opt=opt, step=state.step + 1)
+        if scaler is not None:
+            assert finite is not None
+            state = state.replace(hparams=scaler.update(state.hparams, finite))
+        state, ctx = run_event(Event.AFTER_OPTIMIZER_STEP, plan, state, ctx)
+        assert ctx.loss is not None
+        return state, {"loss": ctx.loss}
+
+    if microbatched:
+        return _microbatched_step(
+            differentiated,
+            finish,
+            lambda key, part: StepCtx(
+                batch=part, key=key, loss_fn=loss_fn, forward=forward_at(key), per_sample_loss_fn=losses_per_sample
+            ),
+            plan,
+            input_key=input_key,
+            microbatch_size=microbatch_size,
+            first_index=microbatch_index,
+            frozen=frozen,
+            statistics=norm_statistics(static.module),
+            reduce=reduce,
+            guarded=guard_failures,
+        )
+
     def train_step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
         step_key = _step_key(state, keyed)
         ctx = StepCtx(
@@ -316,22 +365,147 @@ def make_train_step(
         gradient_fn = gradient_fn_at(state, ctx)
         loss, grads, (state, ctx) = differentiated(state.params, state, ctx)
         ctx = ctx.replace(grads=grads, loss=loss.detach(), outputs=_detach(ctx.outputs), gradient_fn=gradient_fn)
-        state, ctx = run_event(Event.AFTER_BACKWARD, plan, state, ctx)
-        state, ctx = run_event(Event.AFTER_TRAIN_BATCH, plan, state, ctx)
-        assert ctx.grads is not None
-        if scaler is None:
-            params, opt = update(ctx.grads, state.opt, state.params)
-            state = state.replace(params=params, opt=opt, step=state.step + 1)
-        else:
-            finite = scaler.finite(ctx.grads)
-            params, opt = update(ctx.grads, state.opt, state.params, finite)
-            hparams = scaler.update(state.hparams, finite)
-            state = state.replace(params=params, opt=opt, hparams=hparams, step=state.step + 1)
-        state, ctx = run_event(Event.AFTER_OPTIMIZER_STEP, plan, state, ctx)
-        assert ctx.loss is not None
-        return state, {"loss": ctx.loss}
+        return finish(state, ctx)
 
     return train_step
+
+
+Reduce = Callable[[Sequence[Tensor]], list[Tensor]]
+"""``reduce(tensors) -> sums``: each tensor summed over every process (``distributed.all_reduce_sum``)."""
+
+_Sums = tuple[dict[str, Tensor], Tensor, dict[str, Tensor]]
+"""Sums over microbatches: the sample-weighted gradients and loss, and the normalization statistics."""
+
+
+def norm_statistics(module: nn.Module) -> tuple[str, ...]:
+    """Returns the names of ``module``'s floating-point normalization buffers (BatchNorm running statistics)."""
+    owners = {
+        name: owner for name, owner in module.named_modules() if isinstance(owner, nn.modules.batchnorm._NormBase)
+    }
+    names = []
+    for name, buffer in module.named_buffers():
+        owner, _, _ = name.rpartition(".")
+        if owner in owners and buffer.is_floating_point():
+            names.append(name)
+    return tuple(names)
+
+
+def split_batch(batch: Any, input_key: int | str, size: int | None) -> list[tuple[Any, int]]:
+    """Returns ``batch`` cut along dim 0 into microbatches of ``size`` samples (the last may be smaller),
+    with their sample counts; tensors whose first dim is not the batch's are passed whole to each."""
+    total = int(batch_get(batch, input_key).shape[0])
+    if size is None or size >= total:
+        return [(batch, total)] if total else []
+
+    def piece(start: int) -> Any:
+        end = min(start + size, total)
+        return pytree.tree_map(
+            lambda t: t[start:end] if isinstance(t, Tensor) and t.dim() and t.shape[0] == total else t, batch
+        )
+
+    return [(piece(start), min(size, total - start)) for start in range(0, total, size)]
+
+
+def _accumulate(
+    sums: _Sums | None, grads: Mapping[str, Tensor], loss: Tensor, samples: int, statistics: Mapping[str, Tensor]
+) -> _Sums:
+    # Each microbatch counts by its samples: the sum divided by the global count is the global batch's mean.
+    weighted = {name: g * samples for name, g in grads.items()}
+    weighted_loss = loss.detach().float() * samples
+    if sums is None:
+        return weighted, weighted_loss, dict(statistics)
+    return (
+        {name: sums[0][name] + g for name, g in weighted.items()},
+        sums[1] + weighted_loss,
+        {name: sums[2][name] + b for name, b in statistics.items()},
+    )
+
+
+def _combine(
+    sums: _Sums, samples: int, microbatches: int, reduce: Reduce | None, failed: bool = False
+) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor], Tensor]:
+    # The global sums divided by the global counts: gradients and loss by samples (an infinite count marks a
+    # process that failed its microbatches), statistics by microbatches.
+    grads, loss_sum, statistics = sums
+    device = loss_sum.device
+    count = torch.full((), float("inf") if failed else float(samples), device=device)
+    flat = [*grads.values(), *statistics.values(), loss_sum, count, torch.full((), float(microbatches), device=device)]
+    if reduce is not None:
+        flat = reduce(flat)
+    total, parts = flat[-2], flat[-1]
+    mean = {name: g / total for name, g in zip(grads, flat, strict=False)}
+    averaged = {name: b / parts for name, b in zip(statistics, flat[len(grads) :], strict=False)}
+    return mean, flat[-3] / total, averaged, total
+
+
+def failed_contribution(state: State, frozen: frozenset[str], statistics: Sequence[str], reduce: Reduce) -> None:
+    """Joins the other processes' sum of this step with nothing but a failure mark (for a process whose
+    microbatches ran out of memory): every process then reads an infinite count and skips the update."""
+    _combine(_nothing(state.params, state.buffers, frozen, statistics), 0, 0, reduce, failed=True)
+
+
+def _microbatched_step(
+    differentiated: Callable[..., tuple[Tensor, dict[str, Tensor], tuple[State, StepCtx]]],
+    finish: Callable[..., tuple[State, dict[str, Tensor]]],
+    make_ctx: Callable[[Tensor, Any], StepCtx],
+    plan: Plan,
+    *,
+    input_key: int | str,
+    microbatch_size: int | None,
+    first_index: int,
+    frozen: frozenset[str],
+    statistics: tuple[str, ...],
+    reduce: Reduce | None,
+    guarded: bool,
+) -> StepFn:
+    def gradient_sums(params: Mapping[str, Tensor], entries: Sequence[tuple[State, StepCtx, int]]) -> _Sums:
+        sums = None
+        for state, ctx, samples in entries:
+            loss, grads, _ = differentiated(params, state, ctx)
+            sums = _accumulate(sums, grads, loss, samples, {})
+        return sums if sums is not None else _nothing(params, {}, frozen, ())
+
+    def microbatched_step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
+        step_key = R.fold_in(state.key, state.step)
+        # Every microbatch's normalization statistics start from the step's; the step keeps their average,
+        # which the processes' sum makes the same on every process.
+        start = state.buffers
+        entries: list[tuple[State, StepCtx, int]] = []
+        sums: _Sums | None = None
+        ctx = make_ctx(step_key, batch)
+        samples = 0
+        for index, (part, size) in enumerate(split_batch(batch, input_key, microbatch_size), start=first_index):
+            ctx = make_ctx(R.fold_in(step_key, index), part)
+            state, ctx = run_event(Event.AFTER_DATALOADER, plan, state.replace(buffers=start), ctx)
+            state, ctx = run_event(Event.BEFORE_TRAIN_BATCH, plan, state, ctx)
+            entries.append((state, ctx, size))
+            loss, grads, (state, ctx) = differentiated(state.params, state, ctx)
+            sums = _accumulate(sums, grads, loss, size, {name: state.buffers[name] for name in statistics})
+            samples += size
+        if sums is None:
+            sums = _nothing(state.params, state.buffers, frozen, statistics)
+        grads, loss, averaged, total = _combine(sums, samples, len(entries), reduce)
+        state = state.replace(buffers={**state.buffers, **averaged})
+        captured = tuple(entries)
+
+        def gradient_fn(params: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+            mean, mean_loss, _, _ = _combine(gradient_sums(params, captured), samples, len(captured), reduce)
+            return mean_loss, mean
+
+        ctx = ctx.replace(grads=grads, loss=loss, outputs=_detach(ctx.outputs), gradient_fn=gradient_fn)
+        state, metrics = finish(state, ctx, torch.isfinite(total) if guarded else None)
+        return state, {**metrics, "samples": total}
+
+    return microbatched_step
+
+
+def _nothing(
+    params: Mapping[str, Tensor], buffers: Mapping[str, Tensor], frozen: frozenset[str], statistics: Sequence[str]
+) -> _Sums:
+    # The sums of a process whose share of the global batch is empty (the epoch's short last batch): zeros.
+    zeros = {n: torch.zeros_like(p) for n, p in params.items() if n not in frozen}
+    loss = torch.zeros((), device=next(iter(params.values())).device)
+    return zeros, loss, {n: torch.zeros_like(buffers[n]) for n in statistics}
 
 
 def _optimize(

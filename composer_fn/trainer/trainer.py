@@ -12,7 +12,9 @@ and a fifth of it documents the arguments.
 from __future__ import annotations
 
 import copy
+import gc
 import itertools
+import math
 import sys
 import time
 import warnings
@@ -55,6 +57,7 @@ from composer_fn.core.time import Time, Timestamp, TimeUnit, to_steps
 from composer_fn.loggers.base import Logger
 from composer_fn.optim.base import GradientTransformation
 from composer_fn.optim.optimizers import sgdw
+from composer_fn.trainer import distributed
 from composer_fn.trainer.checkpoint import (
     CheckpointOptions,
     autoresume_path,
@@ -77,8 +80,10 @@ from composer_fn.trainer.step import (
     compile_step,
     cross_entropy_loss,
     cross_entropy_per_sample_loss,
+    failed_contribution,
     make_eval_step,
     make_train_step,
+    norm_statistics,
 )
 
 __all__ = ["Trainer"]
@@ -148,6 +153,18 @@ class Trainer:
             per-sample cross-entropy with the default loss, else ``loss_fn`` vectorized over samples (vmap).
         eval_interval, log_interval: how often to evaluate and to log.
         grad_mode: ``'autograd'`` (default eager) or ``'func'`` (default when compiling).
+        device_train_microbatch_size: cut each of this process's batches into microbatches of this many samples
+            and accumulate their gradients (each weighted by its share of the global batch) into one step; the
+            step equals the unaccumulated one up to rounding. ``'auto'`` starts from the whole batch and, when a
+            step runs out of device memory, halves the microbatch and retries the same batch (every process
+            agrees); the size it settles on is logged. None: one microbatch.
+        dist_timeout: seconds a collective waits for the other processes (torchrun runs) before failing.
+
+    Under ``torchrun`` (``RANK``/``WORLD_SIZE`` in the environment) or in an initialised process group, each
+    process trains on its share of every global batch and the gradients are summed across processes once a
+    step; data-side algorithms draw per microbatch from keys of the step and the microbatch's place in the
+    global batch, so N processes with batch B compute what one process computes with batch N*B and
+    ``device_train_microbatch_size=B``. Rank 0 writes checkpoints; every rank reads them.
     """
 
     def __init__(
@@ -185,6 +202,8 @@ class Trainer:
         progress_bar: bool = True,
         passes: Sequence[Pass] = DEFAULT_PASSES,
         grad_mode: GradMode | None = None,
+        device_train_microbatch_size: int | str | None = None,
+        dist_timeout: float = 300.0,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model of type {type(model).__name__}: expected a torch.nn.Module")
@@ -201,6 +220,18 @@ class Trainer:
         if not any(True for _ in model.parameters()):
             raise ValueError(f"model={type(model).__name__} has no parameters to train")
         self.algorithms = _algorithms(algorithms)
+        target_device = _device(device if device is not None else distributed.local_device(None))
+        self.world = distributed.setup(target_device, dist_timeout)
+        distributed.check_loader(train_dataloader, "train_dataloader", self.world)
+        distributed.check_loader(eval_dataloader, "eval_dataloader", self.world, evaluation=True)
+        self._auto_microbatch = device_train_microbatch_size == "auto"
+        self.device_train_microbatch_size = (
+            None
+            if device_train_microbatch_size is None or self._auto_microbatch
+            else validate.integer(
+                "device_train_microbatch_size", device_train_microbatch_size, minimum=1, hint="or 'auto' or None"
+            )
+        )
         self._checkpoints = CheckpointOptions.of(
             save_folder,
             save_num_checkpoints_to_keep,
@@ -211,7 +242,8 @@ class Trainer:
             autoresume,
         )
         if autoresume:
-            load_path = autoresume_path(save_folder, load_path)
+            # Rank 0 decides, so that every rank resumes from the same checkpoint.
+            load_path = self.world.broadcast(autoresume_path(save_folder, load_path) if self.world.main else None)
         if load_path is not None:
             self.algorithms = with_recorded_surgeries(self.algorithms, load_path)
         for algorithm in self.algorithms:
@@ -269,11 +301,12 @@ class Trainer:
                     f"save_folder={str(save_folder)!r} cannot be created ({error.strerror or error}); expected a "
                     "folder that can be written"
                 ) from None
-            remove_stale_temporaries(self.save_folder)
+            if self.world.main:
+                remove_stale_temporaries(self.save_folder)
         self.save_interval = _interval(save_interval, "save_interval") if save_folder is not None else None
         self.eval_interval = _interval(eval_interval, "eval_interval") if eval_dataloader is not None else None
         self.log_interval = _interval(log_interval, "log_interval")
-        self.progress_bar = progress_bar
+        self.progress_bar = progress_bar and self.world.main
         self.callbacks = _instances("callbacks", callbacks, Callback)
         self.loggers = _instances("loggers", loggers, Logger)
         self._handlers = bind_callbacks(self.callbacks)
@@ -295,6 +328,8 @@ class Trainer:
         self._batches: Iterator[Any] | None = None
         self._batch: Any = None
         self._meta = BatchMeta(0)
+        given = getattr(train_dataloader, "batch_size", None)
+        self._rank_batch = given if isinstance(given, int) and given > 0 else None
 
         if optimizer is None:
             warnings.warn("no optimizer given: using sgdw(learning_rate=0.1)", stacklevel=2)
@@ -314,7 +349,6 @@ class Trainer:
             scale_schedule_ratio=self.scale_schedule_ratio,
         )
 
-        target_device = _device(device)
         check_surgery_conflicts(self.algorithms, model)
         structure = copy.deepcopy(model).to(target_device).train()
         wants_data = any("train_data" in a.requires for a in self.algorithms)
@@ -351,9 +385,16 @@ class Trainer:
         return plan
 
     def _train_step(self, plan: Plan, frozen: frozenset[str] = frozenset()) -> StepFn:
-        cache_key = (self.static, plan.step_key, frozen)
+        microbatch = self.device_train_microbatch_size
+        cache_key = (self.static, plan.step_key, frozen, microbatch)
         step = self._steps.get(cache_key)
         if step is None:
+            # Several processes, or microbatches asked for: the step cuts its batch (into one microbatch when no
+            # size was given) and draws from the microbatches' global indices; ranks before this one hold
+            # ceil(B / m) of them each, B being a process's batch.
+            microbatched = microbatch is not None or self.world.size > 1 or self._auto_microbatch
+            rank_batch = max(self._rank_batch or self._meta.batch_size, 1)
+            size = microbatch or rank_batch
             step = make_train_step(
                 self.static,
                 plan,
@@ -362,9 +403,14 @@ class Trainer:
                 input_key=self.input_key,
                 grad_mode=self.grad_mode,
                 per_sample_loss_fn=self.per_sample_loss_fn,
-                # The trainer owns its state: an eager step may update its tensors in place.
-                donate=not self.compile,
+                # The trainer owns its state: an eager step may update its tensors in place, unless a step that
+                # runs out of memory is to be retried from the state before it.
+                donate=not self.compile and not self._auto_microbatch,
                 frozen=frozen,
+                microbatch_size=size if microbatched else None,
+                microbatch_index=self.world.rank * math.ceil(rank_batch / size),
+                reduce=distributed.all_reduce_sum if self.world.size > 1 else None,
+                guard_failures=self._auto_microbatch and self.world.size > 1,
             )
             if self.compile:
                 step = compile_step(step, self._counting_backend())
@@ -568,14 +614,67 @@ class Trainer:
             step = self._train_step(plan, frozen)
             self._last_step = (plan, self.static, frozen, step)
         began = time.perf_counter()
-        self.state, outputs = step(self.state, self._batch)
-        self._loss = outputs["loss"]
+        if self._auto_microbatch:
+            step = self._fitting_step(step, plan, frozen)
+        else:
+            try:
+                self.state, outputs = step(self.state, self._batch)
+            except RuntimeError as error:
+                raise distributed.explained(error, self.world, self.timestamp.batch) from error
+            self._loss = outputs["loss"]
         self._batch = None
         if self.progress_bar:
             self._bar.update(1)
-        window_start, samples = self._window
-        self._window = (window_start, samples + self._meta.batch_size)
-        return Progress(self._meta.batch_size, self._meta.tokens, time.perf_counter() - began)
+        samples, tokens = self._meta.batch_size, self._meta.tokens
+        if self.world.size > 1:
+            # The run's clock counts the global batch, as one process would.
+            counted = getattr(self.train_dataloader, "global_samples", None)
+            total = counted(self.timestamp.batch_in_epoch) if counted else samples * self.world.size
+            tokens, samples = (tokens * total // samples if samples else 0), total
+        window_start, seen = self._window
+        self._window = (window_start, seen + samples)
+        return Progress(samples, tokens, time.perf_counter() - began)
+
+    def _fitting_step(self, step: StepFn, plan: Plan, frozen: frozenset[str]) -> StepFn:
+        # device_train_microbatch_size='auto': a step that runs out of memory on any process is retried by every
+        # process from the state before it, with half the microbatch.
+        while True:
+            failed, state, outputs = False, self.state, None
+            try:
+                state, outputs = step(self.state, self._batch)
+            except Exception as error:  # noqa: BLE001 -- only out-of-memory errors are caught; others re-raise
+                if not distributed.is_out_of_memory(error):
+                    raise
+                failed = True
+                if self.world.size > 1:
+                    statistics = norm_statistics(self.static.module)
+                    failed_contribution(self.state, frozen, statistics, distributed.all_reduce_sum)
+            if outputs is not None and self.world.size > 1:
+                failed = not math.isfinite(float(outputs["samples"]))
+            if not failed and outputs is not None:
+                self.state, self._loss = state, outputs["loss"]
+                return step
+            current = self.device_train_microbatch_size or self._meta.batch_size
+            if current <= 1:
+                raise RuntimeError(
+                    f"out of device memory at step {self.timestamp.batch} with device_train_microbatch_size=1 (on "
+                    "some process): the model does not fit one sample at a time; use a smaller model or precision"
+                )
+            del state, outputs
+            gc.collect()
+            if self.static.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self.device_train_microbatch_size = math.ceil(current / 2)
+            self.metrics["device_train_microbatch_size"] = self.device_train_microbatch_size
+            self._log(
+                {
+                    "kind": "microbatch",
+                    "step": self.timestamp.batch,
+                    "device_train_microbatch_size": self.device_train_microbatch_size,
+                }
+            )
+            step = self._train_step(plan, frozen)
+            self._last_step = (plan, self.static, frozen, step)
 
     def _end_epoch(self) -> None:
         if self._batches is not None and next(self._batches, None) is not None:
@@ -623,8 +722,11 @@ class Trainer:
                 map(self._to_device, self.eval_dataloader),
                 loss_fn=self.loss_fn,
                 target_key=self.target_key,
+                input_key=self.input_key,
                 device=self.static.device,
                 on_event=self._host_event,
+                reduce=distributed.all_reduce_sum if self.world.size > 1 else None,
+                gather=self.world.gather if self.world.size > 1 else None,
             )
         finally:
             module.train()
@@ -642,6 +744,12 @@ class Trainer:
         return {name: self.metrics[name] for name in ("eval_accuracy", "eval_loss")}
 
     def _save(self) -> None:
+        assert self.save_folder is not None
+        if self.world.main:
+            self._write_checkpoint()
+        self.world.barrier()
+
+    def _write_checkpoint(self) -> None:
         assert self.save_folder is not None
         options = self._checkpoints
         path = save_checkpoint(
@@ -694,8 +802,12 @@ class Trainer:
         self._host_event(Event.AFTER_LOAD)
 
     def save_checkpoint(self, path: str | Path) -> Path:
-        """Returns the path written: the current state and timestamp, saved atomically."""
-        return save_checkpoint(path, self.state, self.timestamp, algorithms_to_json(self.algorithms))
+        """Returns the path written: the current state and timestamp, saved atomically (by rank 0, while the
+        other processes wait; every process calls it)."""
+        if self.world.main:
+            save_checkpoint(path, self.state, self.timestamp, algorithms_to_json(self.algorithms))
+        self.world.barrier()
+        return Path(path)
 
 
 def _algorithms(algorithms: object) -> tuple[Algorithm, ...]:

@@ -1,0 +1,99 @@
+"""An N-process run equals the one-process run with N device microbatches: bitwise, by real gloo processes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from composer_fn.algorithms import EMA, CutOut, GradientClipping, LabelSmoothing, MixUp
+from composer_fn.core.random import key
+from composer_fn.data import TensorLoader, synthetic_images
+from composer_fn.models.cnn import SmallCNN
+from composer_fn.optim import adamw, sgd
+from composer_fn.trainer import Trainer
+from tests.distributed.launch import run_ranks
+
+DATA = synthetic_images(key(1), 76, num_classes=4, shape=(1, 8, 8))
+HELD_OUT = synthetic_images(key(2), 37, num_classes=4, shape=(1, 8, 8))
+OPTIMIZERS = {"sgd": lambda: sgd(0.1, momentum=0.9), "adamw": lambda: adamw(0.01, weight_decay=0.01)}
+RUNS = [(optimizer, compile) for optimizer in OPTIMIZERS for compile in (False, "aot_eager")]
+
+
+def _trainer(rank: int, world: int, optimizer: str, compile: Any, *, batch: int = 8, **arguments: Any) -> Trainer:
+    # 76 samples in global batches of 16: the fifth batch of each epoch is 12 samples, 8 on rank 0 and 4 on rank 1.
+    # Held out, 37 samples in batches of 8 a process: the second rank's last share is empty.
+    loader = TensorLoader(DATA, batch if world > 1 else batch * 2, seed=5, rank=rank, world_size=world)
+    return Trainer(
+        arguments.pop("model", None) or SmallCNN(1, 4, width=4),
+        loader,
+        TensorLoader(HELD_OUT, 8, shuffle=False, rank=rank, world_size=world),
+        max_duration="20ba",
+        optimizer=OPTIMIZERS[optimizer](),
+        algorithms=arguments.pop("algorithms", [MixUp(), CutOut(), LabelSmoothing(), EMA(), GradientClipping("norm", 1.0)]),
+        compile=compile,
+        progress_bar=False,
+        eval_interval="10ba",
+        **arguments,
+    )
+
+
+def _result(trainer: Trainer) -> dict[str, Any]:
+    state = trainer.state
+    return {"params": state.params, "opt": state.opt, "algos": state.algos, "metrics": trainer.metrics}
+
+
+def _train_each(rank: int) -> dict[tuple[str, Any], dict[str, Any]]:
+    results = {}
+    for optimizer, compile in RUNS:
+        trainer = _trainer(rank, 2, optimizer, compile)
+        trainer.fit()
+        results[optimizer, compile] = _result(trainer)
+    return results
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[tuple[str, Any], dict[str, Any]]]:
+    return run_ranks(_train_each, 2, tmp_path_factory.mktemp("ranks"))
+
+
+def _assert_bitwise(one: Any, other: Any, what: str) -> None:
+    flat_one, spec_one = torch.utils._pytree.tree_flatten(one)
+    flat_other, spec_other = torch.utils._pytree.tree_flatten(other)
+    assert spec_one == spec_other, what
+    for a, b in zip(flat_one, flat_other, strict=True):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b), f"{what}: max difference {(a.double() - b.double()).abs().max()}"
+        else:
+            assert a == b, what
+
+
+@pytest.mark.parametrize(("optimizer", "compile"), RUNS)
+def test_two_ranks_equal_one_process_with_their_batches_as_microbatches(
+    two_ranks: list[dict[tuple[str, Any], dict[str, Any]]], optimizer: str, compile: Any
+) -> None:
+    one = _trainer(0, 1, optimizer, compile, device_train_microbatch_size=8)
+    one.fit()
+    expected = _result(one)
+    for rank in range(2):
+        got = two_ranks[rank][optimizer, compile]
+        for field in ("params", "opt", "algos"):
+            _assert_bitwise(expected[field], got[field], f"rank {rank}'s {field} ({optimizer}, compile={compile})")
+        # Every held-out sample counted once, on whichever rank: the metrics are the one-process ones exactly.
+        assert got["metrics"]["eval_accuracy"] == expected["metrics"]["eval_accuracy"]
+        assert got["metrics"]["eval_loss"] == expected["metrics"]["eval_loss"]
+
+
+def test_microbatches_equal_the_whole_batch_up_to_rounding_without_batchnorm() -> None:
+    # Without random algorithms (microbatches draw from keys of their own) and without batch statistics.
+    def run(**arguments: Any) -> Trainer:
+        algorithms = [LabelSmoothing(), EMA(), GradientClipping("norm", 1.0)]
+        model = SmallCNN(1, 4, width=4, norm="group")
+        trainer = _trainer(0, 1, "sgd", False, model=model, algorithms=algorithms, **arguments)
+        trainer.fit()
+        return trainer
+
+    whole, cut = run(), run(device_train_microbatch_size=8)
+    for name, value in whole.state.params.items():
+        torch.testing.assert_close(cut.state.params[name], value, rtol=0, atol=1e-6)
