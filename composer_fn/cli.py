@@ -200,6 +200,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
     from composer_fn.data import TensorLoader
     from composer_fn.loggers import JSONLLogger, Logger
     from composer_fn.trainer import Trainer
+    from composer_fn.trainer.distributed import World, environment_world
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -207,14 +208,15 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
     train, heldout = task.data(args.seed, _wants_unit_range(algorithms))
     batch_size = args.batch_size if args.batch_size is not None else task.batch_size
     learning_rate = args.lr if args.lr is not None else task.learning_rate
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world = environment_world() or World()
+    world_size = world.size
     if batch_size % world_size:
         raise ValueError(f"--batch-size={batch_size} must be a multiple of the {world_size} processes (the global batch)")
     # Under torchrun the batch is global: each process takes its share, and the run equals one process's run with
     # --microbatch-size of that share.
     loader = TensorLoader(train, batch_size // world_size, shuffle=True, seed=args.seed)
     eval_loader = TensorLoader(heldout, 512, shuffle=False)
-    main_process = os.environ.get("RANK", "0") == "0"
+    main_process = world.main
     loggers: list[Logger] = [JSONLLogger(args.log_file)] if args.log_file is not None and main_process else []
     trainer = Trainer(
         task.model(),

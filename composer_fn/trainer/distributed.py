@@ -75,19 +75,6 @@ class World:
         dist.all_gather_object(parts, values)
         return [value for part in parts for value in part]
 
-    def any(self, flag: bool) -> bool:
-        """Returns whether ``flag`` holds on some rank (a collective: every rank calls it)."""
-        if self.size == 1:
-            return flag
-        tensor = torch.tensor([int(flag)], device=_collective_device())
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return bool(tensor.item())
-
-
-def _collective_device() -> torch.device:
-    backend = dist.get_backend()
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-
 
 def environment_world() -> World | None:
     """Returns the world torchrun describes in the environment, or None when it describes none."""

@@ -318,6 +318,14 @@ def make_train_step(
 
         return gradient_fn
 
+    def begin(state: State, key: Tensor, batch: Any) -> tuple[State, StepCtx]:
+        # The step's (or a microbatch's) context, through AFTER_DATALOADER and BEFORE_TRAIN_BATCH.
+        ctx = StepCtx(
+            batch=batch, key=key, loss_fn=loss_fn, forward=forward_at(key), per_sample_loss_fn=losses_per_sample
+        )
+        state, ctx = run_event(Event.AFTER_DATALOADER, plan, state, ctx)
+        return run_event(Event.BEFORE_TRAIN_BATCH, plan, state, ctx)
+
     def finish(state: State, ctx: StepCtx, finite: Tensor | None = None) -> tuple[State, dict[str, Tensor]]:
         # AFTER_BACKWARD to AFTER_OPTIMIZER_STEP, once a step, on the step's gradient in ``ctx``.
         state, ctx = run_event(Event.AFTER_BACKWARD, plan, state, ctx)
@@ -336,12 +344,10 @@ def make_train_step(
 
     if microbatched:
         return _microbatched_step(
+            begin,
             differentiated,
             finish,
-            lambda key, part: StepCtx(
-                batch=part, key=key, loss_fn=loss_fn, forward=forward_at(key), per_sample_loss_fn=losses_per_sample
-            ),
-            plan,
+            loss_fn=loss_fn,
             input_key=input_key,
             microbatch_size=microbatch_size,
             first_index=microbatch_index,
@@ -352,16 +358,7 @@ def make_train_step(
         )
 
     def train_step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
-        step_key = _step_key(state, keyed)
-        ctx = StepCtx(
-            batch=batch,
-            key=step_key,
-            loss_fn=loss_fn,
-            forward=forward_at(step_key),
-            per_sample_loss_fn=losses_per_sample,
-        )
-        state, ctx = run_event(Event.AFTER_DATALOADER, plan, state, ctx)
-        state, ctx = run_event(Event.BEFORE_TRAIN_BATCH, plan, state, ctx)
+        state, ctx = begin(state, _step_key(state, keyed), batch)
         gradient_fn = gradient_fn_at(state, ctx)
         loss, grads, (state, ctx) = differentiated(state.params, state, ctx)
         ctx = ctx.replace(grads=grads, loss=loss.detach(), outputs=_detach(ctx.outputs), gradient_fn=gradient_fn)
@@ -445,11 +442,11 @@ def failed_contribution(state: State, frozen: frozenset[str], statistics: Sequen
 
 
 def _microbatched_step(
+    begin: Callable[[State, Tensor, Any], tuple[State, StepCtx]],
     differentiated: Callable[..., tuple[Tensor, dict[str, Tensor], tuple[State, StepCtx]]],
     finish: Callable[..., tuple[State, dict[str, Tensor]]],
-    make_ctx: Callable[[Tensor, Any], StepCtx],
-    plan: Plan,
     *,
+    loss_fn: LossFn,
     input_key: int | str,
     microbatch_size: int | None,
     first_index: int,
@@ -472,12 +469,11 @@ def _microbatched_step(
         start = state.buffers
         entries: list[tuple[State, StepCtx, int]] = []
         sums: _Sums | None = None
-        ctx = make_ctx(step_key, batch)
+        # The context of the events from AFTER_BACKWARD on: the last microbatch's, else (no sample) the step's.
+        ctx = StepCtx(batch=batch, key=step_key, loss_fn=loss_fn)
         samples = 0
         for index, (part, size) in enumerate(split_batch(batch, input_key, microbatch_size), start=first_index):
-            ctx = make_ctx(R.fold_in(step_key, index), part)
-            state, ctx = run_event(Event.AFTER_DATALOADER, plan, state.replace(buffers=start), ctx)
-            state, ctx = run_event(Event.BEFORE_TRAIN_BATCH, plan, state, ctx)
+            state, ctx = begin(state.replace(buffers=start), R.fold_in(step_key, index), part)
             entries.append((state, ctx, size))
             loss, grads, (state, ctx) = differentiated(state.params, state, ctx)
             sums = _accumulate(sums, grads, loss, size, {name: state.buffers[name] for name in statistics})

@@ -393,7 +393,7 @@ class Trainer:
             # size was given) and draws from the microbatches' global indices; ranks before this one hold
             # ceil(B / m) of them each, B being a process's batch.
             microbatched = microbatch is not None or self.world.size > 1 or self._auto_microbatch
-            rank_batch = max(self._rank_batch or self._meta.batch_size, 1)
+            rank_batch = max(self._rank_batch or 1, 1)
             size = microbatch or rank_batch
             step = make_train_step(
                 self.static,
@@ -590,6 +590,8 @@ class Trainer:
         self._meta = batch_meta(raw, self.input_key)
         self._batch = self._to_device(raw)
         if self._unchecked:
+            # A loader without a batch_size: its first batch's size is a process's batch (for microbatch indices).
+            self._rank_batch = self._rank_batch or self._meta.batch_size
             self._check_input_range(self._batch)
             self._check_targets(self._batch)
             self._unchecked = False
@@ -644,6 +646,8 @@ class Trainer:
                 state, outputs = step(self.state, self._batch)
             except Exception as error:  # noqa: BLE001 -- only out-of-memory errors are caught; others re-raise
                 if not distributed.is_out_of_memory(error):
+                    if isinstance(error, RuntimeError):
+                        raise distributed.explained(error, self.world, self.timestamp.batch) from error
                     raise
                 failed = True
                 if self.world.size > 1:
