@@ -2,9 +2,11 @@
 target (or its loss) with the partner's, by the weight the mixing gave.
 
 A record draws its Beta variates on the host at BATCH_START from the step's key and hands them to the traced
-step in ``State.algos[name]`` (0-d, or one per example). At BEFORE_FORWARD the traced step pairs the examples
-from the same key, mixes the inputs and keeps the pairing in ``StepCtx.scratch[name]``; at BEFORE_LOSS it
-mixes the targets, or at BEFORE_BACKWARD it interpolates the loss with the loss of the partners' targets.
+step in ``State.algos[name]`` (0-d, or one per example of the global batch, which a microbatch reads from its
+place ``StepCtx.offset`` on, and which BATCH_END empties). At BEFORE_FORWARD the traced step pairs the examples
+from the batch's (or microbatch's) key, mixes the inputs and keeps the pairing in ``StepCtx.scratch[name]``; at
+BEFORE_LOSS it mixes the targets, or at BEFORE_BACKWARD it interpolates the loss with the loss of the partners'
+targets.
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ class LabelMixing(Algorithm, Generic[_P]):
         return torch.zeros(shape, dtype=torch.float32, device=state.step.device)
 
     def host_hooks(self) -> Mapping[Event, HostHook]:
+        if self.per_sample:
+            return {Event.BATCH_START: self._draw, Event.BATCH_END: self._empty}
         return {Event.BATCH_START: self._draw}
 
     def traced_hooks(self, plan_key: Hashable = ()) -> Mapping[Event, Hook]:
@@ -104,12 +108,17 @@ class LabelMixing(Algorithm, Generic[_P]):
         drawn = self.draw(R.host_algorithm_key(step_key, self.name), size)
         return static, state.with_algo(self.name, drawn.to(state.step.device, non_blocking=True))
 
+    def _empty(
+        self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
+    ) -> tuple[Static, State]:
+        return static, state.with_algo(self.name, state.algos[self.name].new_zeros(0))
+
     def _mix_inputs(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
         input = batch_get(ctx.batch, self.input_key)
         draws = state.algos[self.name]
-        mixed, pairing = self.mix_inputs(R.algorithm_key(ctx.key, self.name), input, draws)
         if self.per_sample:
-            state = state.with_algo(self.name, draws.new_zeros(0))
+            draws = draws[ctx.offset : ctx.offset + input.shape[0]]
+        mixed, pairing = self.mix_inputs(R.algorithm_key(ctx.key, self.name), input, draws)
         return state, ctx.with_scratch(self.name, pairing, batch=batch_set(ctx.batch, self.input_key, mixed))
 
     def _mix_targets(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:

@@ -125,6 +125,7 @@ class StepCtx(_Record):
         grads: gradients by parameter name, from AFTER_BACKWARD on.
         scratch: per-algorithm values that live for this step only (e.g. a permutation drawn at BEFORE_FORWARD
             and used at BEFORE_LOSS), keyed by algorithm name.
+        offset: the place of ``batch``'s first sample in the step's global batch (a microbatch's place).
     """
 
     batch: Any
@@ -138,6 +139,7 @@ class StepCtx(_Record):
     per_sample_loss: Tensor | None = None
     grads: Mapping[str, Tensor] | None = None
     scratch: Mapping[str, Any] = field(default_factory=dict)
+    offset: int = 0
 
     def with_scratch(self, name: str, value: Any, **changes: Any) -> StepCtx:
         """Returns a copy whose ``scratch[name]`` is ``value``, with any other ``changes`` to its fields."""
@@ -147,9 +149,8 @@ class StepCtx(_Record):
 State._fields = frozenset(f.name for f in dataclasses.fields(State))
 StepCtx._fields = frozenset(f.name for f in dataclasses.fields(StepCtx))
 _STATE_FIELDS = tuple(f.name for f in dataclasses.fields(State))
-_CTX_FUNCTIONS = ("loss_fn", "forward", "per_sample_loss_fn", "gradient_fn")
-_CTX_FIELDS = tuple(f.name for f in dataclasses.fields(StepCtx) if f.name not in _CTX_FUNCTIONS)
-
+_CTX_CONSTANTS = ("loss_fn", "forward", "per_sample_loss_fn", "gradient_fn", "offset")
+_CTX_FIELDS = tuple(f.name for f in dataclasses.fields(StepCtx) if f.name not in _CTX_CONSTANTS)
 
 # None is never a leaf: None fields and None entries of the per-algorithm mappings go into the flatten
 # context. torch.func's auxiliary outputs accept tensor leaves only, and an algorithm without state has None.
@@ -189,17 +190,17 @@ def _join_nones(values: Any, layout: Hashable) -> dict[str, Any]:
     return fields
 
 
-def _register(cls: type[_Record], fields: tuple[str, ...], functions: tuple[str, ...] = ()) -> None:
-    # Tensors (and mappings of them) are leaves; None markers and the functions a record carries go into the
-    # context, which torch.func and torch.compile treat as constants.
+def _register(cls: type[_Record], fields: tuple[str, ...], constants: tuple[str, ...] = ()) -> None:
+    # Tensors (and mappings of them) are leaves; None markers and the functions and integers a record carries
+    # go into the context, which torch.func and torch.compile treat as constants.
     def flatten(record: _Record) -> tuple[list[Any], tuple[tuple[Any, ...], Hashable]]:
         values, layout = _split_nones(record, fields)
-        return values, (tuple(record.__dict__[name] for name in functions), layout)
+        return values, (tuple(record.__dict__[name] for name in constants), layout)
 
     def unflatten(values: Any, context: tuple[tuple[Any, ...], Hashable]) -> _Record:
         captured, layout = context
         built = _join_nones(values, layout)
-        built.update(zip(functions, captured, strict=True))
+        built.update(zip(constants, captured, strict=True))
         return _build(cls, built)
 
     def with_keys(record: _Record) -> tuple[list[tuple[Any, Any]], tuple[tuple[Any, ...], Hashable]]:
@@ -213,7 +214,7 @@ def _register(cls: type[_Record], fields: tuple[str, ...], functions: tuple[str,
 
 
 _register(State, _STATE_FIELDS)
-_register(StepCtx, _CTX_FIELDS, _CTX_FUNCTIONS)
+_register(StepCtx, _CTX_FIELDS, _CTX_CONSTANTS)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 A run of N processes is the one-process run of the global batch cut into device microbatches: each rank
 computes its microbatches' loss-weighted gradient sums, ``all_reduce_sum`` adds them across ranks (one
-collective per bucket, the same code eagerly and inside a compiled step), and every rank divides by the
-global sample count. Nothing else in the package talks to ``torch.distributed`` except through this module.
+collective per bucket, eagerly and inside a compiled step; eagerly, ``Summation`` issues each bucket from the
+backward as soon as its gradients are in), and every rank divides by the global sample count. Nothing else in the package talks to ``torch.distributed`` except through this module.
 
 BatchNorm running statistics never differ between ranks: each microbatch's update starts from the step's
 statistics and the step keeps their average over the global batch's microbatches, summed in the same
@@ -26,6 +26,7 @@ from torch import Tensor
 from composer_fn.core import validate
 
 __all__ = [
+    "Summation",
     "World",
     "all_reduce_sum",
     "check_loader",
@@ -150,17 +151,9 @@ def _local_rank() -> int:
     return int(text) if text.isdigit() else 0
 
 
-def all_reduce_sum(tensors: Sequence[Tensor]) -> list[Tensor]:
-    """Returns the sums of ``tensors`` over every rank, by a few coalesced all-reduces.
-
-    Tensors of one dtype are flattened into buckets of at most ``BUCKET_BYTES``; every bucket's all-reduce is
-    issued before any is read. The collectives are functional (``torch.distributed._functional_collectives``),
-    so the same code runs eagerly and inside a compiled step, as part of its graph.
-    """
-    import torch.distributed._functional_collectives as funcol
-
-    group = dist.group.WORLD
-    assert group is not None, "all_reduce_sum needs an initialised process group"
+def _buckets(tensors: Sequence[Tensor]) -> list[list[int]]:
+    # Consecutive tensors of one dtype, at most BUCKET_BYTES a bucket (a larger tensor alone); buckets close in
+    # the order of their last member.
     buckets: list[list[int]] = []
     current: dict[torch.dtype, tuple[list[int], int]] = {}
     for index, tensor in enumerate(tensors):
@@ -171,15 +164,73 @@ def all_reduce_sum(tensors: Sequence[Tensor]) -> list[Tensor]:
             members, size = [], 0
         current[tensor.dtype] = ([*members, index], size + nbytes)
     buckets.extend(members for members, _ in current.values())
-    reduced = [
-        funcol.all_reduce(torch.cat([tensors[i].reshape(-1) for i in members]), "sum", group) for members in buckets
-    ]
-    result: list[Tensor] = [tensors[0]] * len(tensors)
+    return buckets
+
+
+def _split(flat: Tensor, members: Sequence[int], tensors: Sequence[Tensor], into: list[Tensor]) -> None:
+    pieces = flat.split([tensors[i].numel() for i in members])
+    for i, piece in zip(members, pieces, strict=True):
+        into[i] = piece.view(tensors[i].shape)
+
+
+class Summation:
+    """The sum over every rank of tensors like ``templates``, given one by one (``add``), eagerly.
+
+    The tensors are cut into buckets as ``all_reduce_sum`` cuts them; a bucket's all-reduce is issued, in place
+    on a flat copy, as soon as it and every bucket before it are complete. Fed from the backward's gradient
+    hooks, the sums travel while the backward runs, as DDP's do; buckets go out in the same order on every
+    rank whatever order the gradients come in.
+    """
+
+    def __init__(self, templates: Sequence[Tensor]) -> None:
+        group = dist.group.WORLD
+        assert group is not None, "Summation needs an initialised process group"
+        self._name = group.group_name
+        self._buckets = _buckets(templates)
+        self._bucket_of = {index: number for number, members in enumerate(self._buckets) for index in members}
+        self._missing = [len(members) for members in self._buckets]
+        self._given: dict[int, Tensor] = {}
+        self._issued: list[Tensor] = []
+
+    def add(self, index: int, tensor: Tensor) -> None:
+        """Gives the ``index``-th tensor (not to be changed until ``result``)."""
+        self._given[index] = tensor
+        self._missing[self._bucket_of[index]] -= 1
+        while len(self._issued) < len(self._buckets) and self._missing[len(self._issued)] == 0:
+            members = self._buckets[len(self._issued)]
+            flat = torch.cat([self._given[i].reshape(-1) for i in members])
+            self._issued.append(torch.ops._c10d_functional.all_reduce_(flat, "sum", self._name))
+
+    def result(self, tensors: Sequence[Tensor]) -> list[Tensor]:
+        """Returns the sums of ``tensors``, giving those not given yet."""
+        for index, tensor in enumerate(tensors):
+            if index not in self._given:
+                self.add(index, tensor)
+        result: list[Tensor] = list(tensors)
+        for members, flat in zip(self._buckets, self._issued, strict=True):
+            _split(torch.ops._c10d_functional.wait_tensor(flat), members, tensors, result)
+        return result
+
+
+def all_reduce_sum(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """Returns the sums of ``tensors`` over every rank, by a few coalesced all-reduces.
+
+    Consecutive tensors of one dtype are flattened into buckets of at most ``BUCKET_BYTES``; every bucket's
+    all-reduce is issued before any is read. Eagerly each is summed in place on its flat copy (``Summation``);
+    inside a compiled step the collectives are functional (``torch.distributed._functional_collectives``), part
+    of the step's graph, and the buckets are the same.
+    """
+    if not torch.compiler.is_compiling():
+        return Summation(tensors).result(tensors)
+    import torch.distributed._functional_collectives as funcol
+
+    group = dist.group.WORLD
+    assert group is not None, "all_reduce_sum needs an initialised process group"
+    buckets = _buckets(tensors)
+    reduced = [funcol.all_reduce(torch.cat([tensors[i].reshape(-1) for i in m]), "sum", group) for m in buckets]
+    result: list[Tensor] = list(tensors)
     for members, flat in zip(buckets, reduced, strict=True):
-        flat = funcol.wait_tensor(flat)
-        pieces = flat.split([tensors[i].numel() for i in members])
-        for i, piece in zip(members, pieces, strict=True):
-            result[i] = piece.view(tensors[i].shape)
+        _split(funcol.wait_tensor(flat), members, tensors, result)
     return result
 
 

@@ -27,7 +27,7 @@ import contextlib
 import functools
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -194,8 +194,9 @@ def make_train_step(
     frozen: frozenset[str] = frozenset(),
     loss_scale: DynamicLossScale | None = None,
     microbatch_size: int | None = None,
-    microbatch_index: int = 0,
+    first_sample: int = 0,
     reduce: Reduce | None = None,
+    overlap: Callable[[Sequence[Tensor]], Summing] | None = None,
     guard_failures: bool = False,
 ) -> StepFn:
     """Returns the training step: the plan's traced events around a functional gradient and ``tx``'s update.
@@ -221,11 +222,15 @@ def make_train_step(
 
     With ``microbatch_size`` or ``reduce`` (several processes), the step is microbatched: the batch is cut into
     microbatches of ``microbatch_size`` samples (the last may be smaller; None: one), and each runs
-    AFTER_DATALOADER through BEFORE_BACKWARD and its gradient, drawing from ``fold_in(step key, index)`` where
-    ``index`` counts microbatches from ``microbatch_index`` (this process's first in the global batch). Each
-    microbatch's gradient and loss are weighted by its sample count and summed; ``reduce`` sums those across
+    AFTER_DATALOADER through BEFORE_BACKWARD and its gradient, drawing from ``fold_in(step key, offset)`` where
+    ``offset`` (``ctx.offset``) is its first sample's place in the global batch, counted from ``first_sample``
+    (this process's first). Each microbatch's loss is weighted by its sample count over ``microbatch_size``, its
+    gradient summed; ``reduce`` sums those across
     processes; the sum divided by the global sample count is the step's gradient (and loss), which the events
-    from AFTER_BACKWARD on see once. ``gradient_fn`` does the same over every microbatch. The metrics then also
+    from AFTER_BACKWARD on see once. ``gradient_fn`` does the same over every microbatch. With ``overlap``
+    (``distributed.Summation``: the same sum as ``reduce``, fed tensor by tensor), an eager step with autograd
+    and no loss scaling feeds its last microbatch's gradients to the sum from the backward, so the
+    communication overlaps it. The metrics then also
     hold ``samples``, the global sample count. With ``guard_failures``, a process may join the sum with a failure
     mark instead (``failed_contribution``, a process out of memory): the count is then infinite and the update
     skipped.
@@ -267,11 +272,13 @@ def make_train_step(
         return ctx.loss, (state, ctx)
 
     def split_loss_and_aux(
-        trainable: Mapping[str, Tensor], fixed: Mapping[str, Tensor], state: State, ctx: StepCtx
+        trainable: Mapping[str, Tensor], fixed: Mapping[str, Tensor], state: State, ctx: StepCtx, weight: float
     ) -> tuple[Tensor, tuple[State, StepCtx]]:
         loss, aux = loss_and_aux({**fixed, **trainable}, state, ctx)
-        # With loss scaling, the value differentiated is the scaled loss; the context keeps the true one.
-        return (loss if scaler is None else scaler.scale(loss, state.hparams)), aux
+        # The value differentiated is the loss weighted (a microbatch's share) and scaled (loss scaling); the
+        # context keeps the true one.
+        objective = loss if weight == 1.0 else loss * weight
+        return (objective if scaler is None else scaler.scale(objective, state.hparams)), aux
 
     differentiate = grad_and_value(split_loss_and_aux, has_aux=True)
     keyed = bool(plan.hooks) or bool(key_names)
@@ -287,20 +294,28 @@ def make_train_step(
         return forward
 
     def differentiated(
-        params: Mapping[str, Tensor], state: State, ctx: StepCtx
+        params: Mapping[str, Tensor],
+        state: State,
+        ctx: StepCtx,
+        weight: float = 1.0,
+        ready: Callable[[str, Tensor], None] | None = None,
     ) -> tuple[Tensor, dict[str, Tensor], tuple[State, StepCtx]]:
         # Frozen parameters enter as constants: autograd computes no gradient for them (nor, when every layer
-        # before a point is frozen, any backward there).
+        # before a point is frozen, any backward there). ``ready(name, grad)`` (autograd, no loss scaling) is
+        # called as each gradient is computed, from the backward.
         trainable = {n: p for n, p in params.items() if n not in frozen}
         fixed = {n: p.detach() for n, p in params.items() if n in frozen}
         if grad_mode == "func":
-            grads, (_, aux) = differentiate(trainable, fixed, state, ctx)
+            grads, (_, aux) = differentiate(trainable, fixed, state, ctx, weight)
         else:
             leaves = {name: p.detach().requires_grad_() for name, p in trainable.items()}
             # A hook may call the closure under no_grad; its gradient must not depend on where it is called from.
             with torch.enable_grad():
-                objective, aux = split_loss_and_aux(leaves, fixed, state, ctx)
+                objective, aux = split_loss_and_aux(leaves, fixed, state, ctx, weight)
+                hooks = [leaf.register_hook(_announcer(ready, name)) for name, leaf in leaves.items()] if ready else []
                 differentiated = torch.autograd.grad(objective, tuple(leaves.values()), materialize_grads=True)
+                for hook in hooks:
+                    hook.remove()
                 grads = dict(zip(leaves, differentiated, strict=True))
         if scaler is not None:
             grads = scaler.unscale(grads, state.hparams)
@@ -318,10 +333,15 @@ def make_train_step(
 
         return gradient_fn
 
-    def begin(state: State, key: Tensor, batch: Any) -> tuple[State, StepCtx]:
+    def begin(state: State, key: Tensor, batch: Any, offset: int = 0) -> tuple[State, StepCtx]:
         # The step's (or a microbatch's) context, through AFTER_DATALOADER and BEFORE_TRAIN_BATCH.
         ctx = StepCtx(
-            batch=batch, key=key, loss_fn=loss_fn, forward=forward_at(key), per_sample_loss_fn=losses_per_sample
+            batch=batch,
+            key=key,
+            loss_fn=loss_fn,
+            forward=forward_at(key),
+            per_sample_loss_fn=losses_per_sample,
+            offset=offset,
         )
         state, ctx = run_event(Event.AFTER_DATALOADER, plan, state, ctx)
         return run_event(Event.BEFORE_TRAIN_BATCH, plan, state, ctx)
@@ -350,10 +370,11 @@ def make_train_step(
             loss_fn=loss_fn,
             input_key=input_key,
             microbatch_size=microbatch_size,
-            first_index=microbatch_index,
+            first_sample=first_sample,
             frozen=frozen,
             statistics=norm_statistics(static.module),
             reduce=reduce,
+            overlap=overlap if grad_mode == "autograd" and scaler is None else None,
             guarded=guard_failures,
         )
 
@@ -369,6 +390,25 @@ def make_train_step(
 
 Reduce = Callable[[Sequence[Tensor]], list[Tensor]]
 """``reduce(tensors) -> sums``: each tensor summed over every process (``distributed.all_reduce_sum``)."""
+
+
+class Summing(Protocol):
+    """A sum over every process begun before its tensors are known (``distributed.Summation``)."""
+
+    def add(self, index: int, tensor: Tensor) -> None:
+        """Gives the ``index``-th tensor of the sum."""
+        ...
+
+    def result(self, tensors: Sequence[Tensor]) -> list[Tensor]:
+        """Returns the sums of ``tensors``, giving those not given yet."""
+        ...
+
+
+def _announcer(ready: Callable[[str, Tensor], None], name: str) -> Callable[[Tensor], None]:
+    def announce(grad: Tensor) -> None:
+        ready(name, grad)
+
+    return announce
 
 _Sums = tuple[dict[str, Tensor], Tensor, dict[str, Tensor]]
 """Sums over microbatches: the sample-weighted gradients and loss, and the normalization statistics."""
@@ -387,12 +427,13 @@ def norm_statistics(module: nn.Module) -> tuple[str, ...]:
     return tuple(names)
 
 
-def split_batch(batch: Any, input_key: int | str, size: int | None) -> list[tuple[Any, int]]:
-    """Returns ``batch`` cut along dim 0 into microbatches of ``size`` samples (the last may be smaller),
-    with their sample counts; tensors whose first dim is not the batch's are passed whole to each."""
+def split_batch(batch: Any, input_key: int | str, size: int | None, first: int = 0) -> list[tuple[int, Any, int]]:
+    """Returns ``batch`` cut along dim 0 into microbatches of ``size`` samples (the last may be smaller), each
+    with its first sample's place (counted from ``first``) and its sample count; tensors whose first dim is not
+    the batch's are passed whole to each."""
     total = int(batch_get(batch, input_key).shape[0])
     if size is None or size >= total:
-        return [(batch, total)] if total else []
+        return [(first, batch, total)] if total else []
 
     def piece(start: int) -> Any:
         end = min(start + size, total)
@@ -400,37 +441,53 @@ def split_batch(batch: Any, input_key: int | str, size: int | None) -> list[tupl
             lambda t: t[start:end] if isinstance(t, Tensor) and t.dim() and t.shape[0] == total else t, batch
         )
 
-    return [(piece(start), min(size, total - start)) for start in range(0, total, size)]
+    return [(first + start, piece(start), min(size, total - start)) for start in range(0, total, size)]
 
 
 def _accumulate(
-    sums: _Sums | None, grads: Mapping[str, Tensor], loss: Tensor, samples: int, statistics: Mapping[str, Tensor]
+    sums: _Sums | None, grads: dict[str, Tensor], loss: Tensor, samples: int, statistics: Mapping[str, Tensor]
 ) -> _Sums:
-    # Each microbatch counts by its samples: the sum divided by the global count is the global batch's mean.
-    weighted = {name: g * samples for name, g in grads.items()}
+    # ``grads`` are those of the microbatch's loss weighted by its samples over the full microbatch's, and are
+    # the step's own (fresh from the gradient): the first microbatch's hold the running sum, added in place.
     weighted_loss = loss.detach().float() * samples
     if sums is None:
-        return weighted, weighted_loss, dict(statistics)
-    return (
-        {name: sums[0][name] + g for name, g in weighted.items()},
-        sums[1] + weighted_loss,
-        {name: sums[2][name] + b for name, b in statistics.items()},
-    )
+        return grads, weighted_loss, dict(statistics)
+    for name, g in grads.items():
+        sums[0][name].add_(g)
+    return sums[0], sums[1] + weighted_loss, {name: sums[2][name] + b for name, b in statistics.items()}
+
+
+def _flat(sums: _Sums, count: Tensor, microbatches: Tensor) -> list[Tensor]:
+    # What the processes sum, in one order everywhere: the gradients last layer first (the order the backward
+    # computes them in), the normalization statistics, the loss, the sample and microbatch counts.
+    grads, loss_sum, statistics = sums
+    return [*(grads[name] for name in reversed(grads)), *statistics.values(), loss_sum, count, microbatches]
 
 
 def _combine(
-    sums: _Sums, samples: int, microbatches: int, reduce: Reduce | None, failed: bool = False
+    sums: _Sums,
+    samples: int,
+    microbatches: int,
+    unit: int,
+    reduce: Reduce | None,
+    failed: bool = False,
+    summing: Summing | None = None,
 ) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor], Tensor]:
-    # The global sums divided by the global counts: gradients and loss by samples (an infinite count marks a
-    # process that failed its microbatches), statistics by microbatches.
+    # The global sums divided by the global counts: gradients by samples over ``unit`` (a full microbatch's
+    # samples, the weights' denominator) and the loss by samples (an infinite count marks a process that
+    # failed its microbatches), statistics by microbatches. The sums are the step's own: divided in place.
     grads, loss_sum, statistics = sums
     device = loss_sum.device
     count = torch.full((), float("inf") if failed else float(samples), device=device)
-    flat = [*grads.values(), *statistics.values(), loss_sum, count, torch.full((), float(microbatches), device=device)]
-    if reduce is not None:
+    flat = _flat(sums, count, torch.full((), float(microbatches), device=device))
+    if summing is not None:
+        flat = summing.result(flat)
+    elif reduce is not None:
         flat = reduce(flat)
     total, parts = flat[-2], flat[-1]
-    mean = {name: g / total for name, g in zip(grads, flat, strict=False)}
+    share = total / unit if unit != 1 else total
+    summed = dict(zip(reversed(grads), flat, strict=False))
+    mean = {name: summed[name].div_(share) for name in grads}
     averaged = {name: b / parts for name, b in zip(statistics, flat[len(grads) :], strict=False)}
     return mean, flat[-3] / total, averaged, total
 
@@ -438,27 +495,32 @@ def _combine(
 def failed_contribution(state: State, frozen: frozenset[str], statistics: Sequence[str], reduce: Reduce) -> None:
     """Joins the other processes' sum of this step with nothing but a failure mark (for a process whose
     microbatches ran out of memory): every process then reads an infinite count and skips the update."""
-    _combine(_nothing(state.params, state.buffers, frozen, statistics), 0, 0, reduce, failed=True)
+    _combine(_nothing(state.params, state.buffers, frozen, statistics), 0, 0, 1, reduce, failed=True)
 
 
 def _microbatched_step(
-    begin: Callable[[State, Tensor, Any], tuple[State, StepCtx]],
+    begin: Callable[[State, Tensor, Any, int], tuple[State, StepCtx]],
     differentiated: Callable[..., tuple[Tensor, dict[str, Tensor], tuple[State, StepCtx]]],
     finish: Callable[..., tuple[State, dict[str, Tensor]]],
     *,
     loss_fn: LossFn,
     input_key: int | str,
     microbatch_size: int | None,
-    first_index: int,
+    first_sample: int,
     frozen: frozenset[str],
     statistics: tuple[str, ...],
     reduce: Reduce | None,
+    overlap: Callable[[Sequence[Tensor]], Summing] | None,
     guarded: bool,
 ) -> StepFn:
+    # Each microbatch's loss is weighted by its samples over a full microbatch's (1 but for a short last one):
+    # the summed gradients keep the scale of one microbatch's (what fp16 loss scaling expects).
+    unit = microbatch_size or 1
+
     def gradient_sums(params: Mapping[str, Tensor], entries: Sequence[tuple[State, StepCtx, int]]) -> _Sums:
         sums = None
         for state, ctx, samples in entries:
-            loss, grads, _ = differentiated(params, state, ctx)
+            loss, grads, _ = differentiated(params, state, ctx, samples / unit)
             sums = _accumulate(sums, grads, loss, samples, {})
         return sums if sums is not None else _nothing(params, {}, frozen, ())
 
@@ -472,20 +534,29 @@ def _microbatched_step(
         # The context of the events from AFTER_BACKWARD on: the last microbatch's, else (no sample) the step's.
         ctx = StepCtx(batch=batch, key=step_key, loss_fn=loss_fn)
         samples = 0
-        for index, (part, size) in enumerate(split_batch(batch, input_key, microbatch_size), start=first_index):
-            state, ctx = begin(state.replace(buffers=start), R.fold_in(step_key, index), part)
+        parts = split_batch(batch, input_key, microbatch_size, first_sample)
+        summing = None
+        for number, (offset, part, size) in enumerate(parts):
+            state, ctx = begin(state.replace(buffers=start), R.fold_in(step_key, offset), part, offset)
             entries.append((state, ctx, size))
-            loss, grads, (state, ctx) = differentiated(state.params, state, ctx)
+            fed: set[str] = set()
+            ready = None
+            if overlap is not None and number == len(parts) - 1 and not torch.compiler.is_compiling():
+                # The last microbatch's backward feeds the processes' sum gradient by gradient.
+                summing, ready = _feeding(overlap, state, sums, frozen, statistics, fed)
+            loss, grads, (state, ctx) = differentiated(state.params, state, ctx, size / unit, ready)
+            if sums is not None:
+                grads = {name: g for name, g in grads.items() if name not in fed}
             sums = _accumulate(sums, grads, loss, size, {name: state.buffers[name] for name in statistics})
             samples += size
         if sums is None:
             sums = _nothing(state.params, state.buffers, frozen, statistics)
-        grads, loss, averaged, total = _combine(sums, samples, len(entries), reduce)
+        grads, loss, averaged, total = _combine(sums, samples, len(entries), unit, reduce, summing=summing)
         state = state.replace(buffers={**state.buffers, **averaged})
         captured = tuple(entries)
 
         def gradient_fn(params: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-            mean, mean_loss, _, _ = _combine(gradient_sums(params, captured), samples, len(captured), reduce)
+            mean, mean_loss, _, _ = _combine(gradient_sums(params, captured), samples, len(captured), unit, reduce)
             return mean_loss, mean
 
         ctx = ctx.replace(grads=grads, loss=loss, outputs=_detach(ctx.outputs), gradient_fn=gradient_fn)
@@ -495,12 +566,35 @@ def _microbatched_step(
     return microbatched_step
 
 
+def _feeding(
+    overlap: Callable[[Sequence[Tensor]], Summing],
+    state: State,
+    sums: _Sums | None,
+    frozen: frozenset[str],
+    statistics: Sequence[str],
+    fed: set[str],
+) -> tuple[Summing, Callable[[str, Tensor], None]]:
+    # A sum laid out as ``_combine`` lays its tensors out, and the gradient hook that adds each gradient to the
+    # earlier microbatches' (in place) and gives the total to the sum, recording its name in ``fed``.
+    trainable = {name: p for name, p in state.params.items() if name not in frozen}
+    scalar = torch.zeros((), device=next(iter(state.params.values())).device)
+    like = (trainable, scalar.float(), {name: state.buffers[name] for name in statistics})
+    summing = overlap(_flat(like, scalar, scalar))
+    place = {name: index for index, name in enumerate(reversed(trainable))}
+
+    def ready(name: str, grad: Tensor) -> None:
+        summing.add(place[name], grad if sums is None else sums[0][name].add_(grad))
+        fed.add(name)
+
+    return summing, ready
+
+
 def _nothing(
     params: Mapping[str, Tensor], buffers: Mapping[str, Tensor], frozen: frozenset[str], statistics: Sequence[str]
 ) -> _Sums:
     # The sums of a process whose share of the global batch is empty (the epoch's short last batch): zeros.
     zeros = {n: torch.zeros_like(p) for n, p in params.items() if n not in frozen}
-    loss = torch.zeros((), device=next(iter(params.values())).device)
+    loss = torch.zeros((), dtype=torch.float32, device=next(iter(params.values())).device)
     return zeros, loss, {n: torch.zeros_like(buffers[n]) for n in statistics}
 
 

@@ -390,8 +390,8 @@ class Trainer:
         step = self._steps.get(cache_key)
         if step is None:
             # Several processes, or microbatches asked for: the step cuts its batch (into one microbatch when no
-            # size was given) and draws from the microbatches' global indices; ranks before this one hold
-            # ceil(B / m) of them each, B being a process's batch.
+            # size was given) and draws from the microbatches' places in the global batch; ranks before this one
+            # hold B samples each, B being a process's batch.
             microbatched = microbatch is not None or self.world.size > 1 or self._auto_microbatch
             rank_batch = max(self._rank_batch or 1, 1)
             size = microbatch or rank_batch
@@ -408,8 +408,9 @@ class Trainer:
                 donate=not self.compile and not self._auto_microbatch,
                 frozen=frozen,
                 microbatch_size=size if microbatched else None,
-                microbatch_index=self.world.rank * math.ceil(rank_batch / size),
+                first_sample=self.world.rank * rank_batch,
                 reduce=distributed.all_reduce_sum if self.world.size > 1 else None,
+                overlap=distributed.Summation if self.world.size > 1 else None,
                 guard_failures=self._auto_microbatch and self.world.size > 1,
             )
             if self.compile:
@@ -587,15 +588,23 @@ class Trainer:
                 f"train_dataloader yields {type(raw).__name__} batches; expected tuples or lists (inputs, targets) "
                 "or mappings, read at input_key and target_key"
             )
-        self._meta = batch_meta(raw, self.input_key)
+        meta = batch_meta(raw, self.input_key)
+        self._meta = self._global_meta(meta) if self.world.size > 1 else meta
         self._batch = self._to_device(raw)
         if self._unchecked:
-            # A loader without a batch_size: its first batch's size is a process's batch (for microbatch indices).
-            self._rank_batch = self._rank_batch or self._meta.batch_size
+            # A loader without a batch_size: its first batch's size is a process's batch (for microbatch places).
+            self._rank_batch = self._rank_batch or meta.batch_size
             self._check_input_range(self._batch)
             self._check_targets(self._batch)
             self._unchecked = False
         return None
+
+    def _global_meta(self, meta: BatchMeta) -> BatchMeta:
+        # Under several processes, host hooks and the run's clock see the global batch, as one process would.
+        counted = getattr(self.train_dataloader, "global_samples", None)
+        total = counted(self.timestamp.batch_in_epoch) if counted else meta.batch_size * self.world.size
+        tokens = meta.tokens * total // meta.batch_size if meta.batch_size else 0
+        return BatchMeta(total, (total, *meta.input_shape[1:]) if meta.input_shape else (), tokens)
 
     def _epoch_batches(self) -> Iterator[Any]:
         loader: Any = self.train_dataloader
@@ -628,11 +637,6 @@ class Trainer:
         if self.progress_bar:
             self._bar.update(1)
         samples, tokens = self._meta.batch_size, self._meta.tokens
-        if self.world.size > 1:
-            # The run's clock counts the global batch, as one process would.
-            counted = getattr(self.train_dataloader, "global_samples", None)
-            total = counted(self.timestamp.batch_in_epoch) if counted else samples * self.world.size
-            tokens, samples = (tokens * total // samples if samples else 0), total
         window_start, seen = self._window
         self._window = (window_start, seen + samples)
         return Progress(samples, tokens, time.perf_counter() - began)
@@ -658,7 +662,7 @@ class Trainer:
             if not failed and outputs is not None:
                 self.state, self._loss = state, outputs["loss"]
                 return step
-            current = self.device_train_microbatch_size or self._meta.batch_size
+            current = self.device_train_microbatch_size or self._rank_batch or 1
             if current <= 1:
                 raise RuntimeError(
                     f"out of device memory at step {self.timestamp.batch} with device_train_microbatch_size=1 (on "

@@ -20,7 +20,7 @@ from composer_fn.algorithms.cutmix import (
     cutmix_targets,
 )
 from composer_fn.core import random as R
-from composer_fn.core.engine import make_plan
+from composer_fn.core.engine import make_plan, run_host_event
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, StepCtx
 from composer_fn.core.time import Timestamp
@@ -270,8 +270,11 @@ def test_the_algorithm_draws_exactly_what_cutmix_params_draws_from_the_step_key(
     drawn = ctx.scratch["cutmix"]
     assert all(torch.equal(a, b) for a, b in zip(drawn, expected, strict=True))
     assert torch.equal(ctx.batch[0], cutmix_apply(setup.batches[0][0], expected))
-    # Per-example draws leave the state once used, so its shape at rest does not depend on the batch size.
-    assert after.algos["cutmix"].shape == ((0,) if per_sample else ())
+    # Per-example draws stay for the step's microbatches and leave the state at BATCH_END, so its shape at rest
+    # does not depend on the batch size.
+    assert after.algos["cutmix"].shape == ((8,) if per_sample else ())
+    _, rest = run_host_event(Event.BATCH_END, plan, setup.static, after, Timestamp(), BatchMeta(8))
+    assert rest.algos["cutmix"].shape == ((0,) if per_sample else ())
 
 
 

@@ -103,6 +103,25 @@ def test_the_algorithm_draws_exactly_what_mixup_params_draws_from_the_step_key(p
     assert state.algos["mixup"].shape == ((8,) if per_sample else ())
 
 
+@given(st.integers(0, 7), st.integers(1, 8))
+def test_a_microbatch_reads_the_per_example_draws_at_its_place_in_the_global_batch(offset, size) -> None:
+    from composer_fn.core.event import Event
+    from composer_fn.core.state import BatchMeta, StepCtx
+    from composer_fn.core.time import Timestamp
+
+    size = min(size, 8 - offset)
+    setup = make_setup([MixUp(alpha=0.4, per_sample=True)], seed=3, steps=1)
+    plan = make_plan(setup.algorithms)
+    _, state = plan.host[Event.BATCH_START][0](setup.static, setup.state, Timestamp(), BatchMeta(8))
+    part = tuple(t[offset : offset + size] for t in setup.batches[0])
+    ctx = StepCtx(batch=part, key=R.key(5), loss_fn=lambda o, b: o.sum(), offset=offset)
+    _, ctx = plan.hooks[Event.BEFORE_FORWARD][0](state, ctx)
+    assert torch.equal(ctx.scratch["mixup"].mixing, state.algos["mixup"][offset : offset + size])
+    indices = ctx.scratch["mixup"].indices
+    expected = mixup_apply(part[0], indices, state.algos["mixup"][offset : offset + size])
+    assert torch.equal(ctx.batch[0], expected)
+
+
 def test_interpolate_loss_trains_like_mixed_targets_for_cross_entropy() -> None:
     _, mixed = train_steps(make_setup([MixUp(alpha=1.0)], seed=5))
     _, interpolated = train_steps(make_setup([MixUp(alpha=1.0, interpolate_loss=True)], seed=5))

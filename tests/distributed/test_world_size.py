@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from composer_fn.algorithms import EMA, CutOut, GradientClipping, LabelSmoothing, MixUp
+from composer_fn.algorithms import EMA, CutMix, CutOut, GradientClipping, LabelSmoothing, MixUp
 from composer_fn.core.random import key
 from composer_fn.data import TensorLoader, synthetic_images
 from composer_fn.models.cnn import SmallCNN
@@ -19,6 +19,8 @@ DATA = synthetic_images(key(1), 76, num_classes=4, shape=(1, 8, 8))
 HELD_OUT = synthetic_images(key(2), 37, num_classes=4, shape=(1, 8, 8))
 OPTIMIZERS = {"sgd": lambda: sgd(0.1, momentum=0.9), "adamw": lambda: adamw(0.01, weight_decay=0.01)}
 RUNS = [(optimizer, compile) for optimizer in OPTIMIZERS for compile in (False, "aot_eager")]
+# Per-example draws are made for the global batch; each microbatch reads them from its place in it.
+PER_SAMPLE = ("sgd", False, "per_sample")
 
 
 def _trainer(rank: int, world: int, optimizer: str, compile: Any, *, batch: int = 8, **arguments: Any) -> Trainer:
@@ -50,7 +52,14 @@ def _train_each(rank: int) -> dict[tuple[str, Any], dict[str, Any]]:
         trainer = _trainer(rank, 2, optimizer, compile)
         trainer.fit()
         results[optimizer, compile] = _result(trainer)
+    trainer = _trainer(rank, 2, "sgd", False, algorithms=_per_sample_algorithms())
+    trainer.fit()
+    results[PER_SAMPLE] = _result(trainer)
     return results
+
+
+def _per_sample_algorithms() -> list[Any]:
+    return [MixUp(alpha=0.4, per_sample=True), CutMix(alpha=1.0, per_sample=True), EMA()]
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +92,21 @@ def test_two_ranks_equal_one_process_with_their_batches_as_microbatches(
         # Every held-out sample counted once, on whichever rank: the metrics are the one-process ones exactly.
         assert got["metrics"]["eval_accuracy"] == expected["metrics"]["eval_accuracy"]
         assert got["metrics"]["eval_loss"] == expected["metrics"]["eval_loss"]
+
+
+def test_per_sample_mixing_of_two_ranks_equals_one_process_with_their_batches_as_microbatches(
+    two_ranks: list[dict[tuple[str, Any], dict[str, Any]]],
+) -> None:
+    one = _trainer(0, 1, "sgd", False, algorithms=_per_sample_algorithms(), device_train_microbatch_size=8)
+    one.fit()
+    expected = _result(one)
+    for rank in range(2):
+        for field in ("params", "opt", "algos"):
+            _assert_bitwise(expected[field], two_ranks[rank][PER_SAMPLE][field], f"rank {rank}'s {field} (per_sample)")
+    # The draws are the global batch's: cut differently, the run differs.
+    other = _trainer(0, 1, "sgd", False, algorithms=_per_sample_algorithms(), device_train_microbatch_size=4)
+    other.fit()
+    assert not torch.equal(other.state.params["head.weight"], expected["params"]["head.weight"])
 
 
 def test_microbatches_equal_the_whole_batch_up_to_rounding_without_batchnorm() -> None:
