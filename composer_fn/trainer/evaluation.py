@@ -11,7 +11,8 @@ from torch import Tensor
 
 from composer_fn.core.event import Event
 from composer_fn.core.state import LossFn, State, batch_get
-from composer_fn.trainer.step import Reduce, class_last
+from composer_fn.trainer.microbatch import Reduce
+from composer_fn.trainer.step import class_last
 
 __all__ = ["evaluate"]
 

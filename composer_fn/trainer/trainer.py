@@ -72,6 +72,7 @@ from composer_fn.trainer.checkpoint import (
 from composer_fn.trainer.evaluation import evaluate
 from composer_fn.trainer.learning_rate import learning_rate
 from composer_fn.trainer.loss_scale import DynamicLossScale
+from composer_fn.trainer.microbatch import failed_contribution, norm_statistics
 from composer_fn.trainer.step import (
     GRAD_MODES,
     GradMode,
@@ -80,10 +81,8 @@ from composer_fn.trainer.step import (
     compile_step,
     cross_entropy_loss,
     cross_entropy_per_sample_loss,
-    failed_contribution,
     make_eval_step,
     make_train_step,
-    norm_statistics,
 )
 
 __all__ = ["Trainer"]

@@ -1,0 +1,228 @@
+"""Microbatched steps: a batch cut into device microbatches whose gradient sums make one update.
+
+Each microbatch runs the step's events up to its gradient with a key of its own place in the global batch;
+its loss is weighted by its samples over a full microbatch's; the sums of gradients, loss, sample counts and
+normalization statistics over every microbatch of every process (``reduce``, or ``Summing`` fed from the
+last backward) divided by the global counts are the step's, which the events from AFTER_BACKWARD on see once.
+``make_train_step`` builds this step when it is given a microbatch size or a sum across processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import torch
+import torch.utils._pytree as pytree
+from torch import Tensor, nn
+
+from composer_fn.core import random as R
+from composer_fn.core.state import LossFn, State, StepCtx, batch_get
+
+__all__ = ["Reduce", "Summing", "failed_contribution", "microbatched_step", "norm_statistics", "split_batch"]
+
+Reduce = Callable[[Sequence[Tensor]], list[Tensor]]
+"""``reduce(tensors) -> sums``: each tensor summed over every process (``distributed.all_reduce_sum``)."""
+
+
+class Summing(Protocol):
+    """A sum over every process begun before its tensors are known (``distributed.Summation``)."""
+
+    def add(self, index: int, tensor: Tensor) -> None:
+        """Gives the ``index``-th tensor of the sum."""
+        ...
+
+    def result(self, tensors: Sequence[Tensor]) -> list[Tensor]:
+        """Returns the sums of ``tensors``, giving those not given yet."""
+        ...
+
+
+_Sums = tuple[dict[str, Tensor], Tensor, dict[str, Tensor]]
+"""Sums over microbatches: the sample-weighted gradients and loss, and the normalization statistics."""
+
+
+def norm_statistics(module: nn.Module) -> tuple[str, ...]:
+    """Returns the names of ``module``'s floating-point normalization buffers (BatchNorm running statistics)."""
+    owners = {
+        name: owner for name, owner in module.named_modules() if isinstance(owner, nn.modules.batchnorm._NormBase)
+    }
+    names = []
+    for name, buffer in module.named_buffers():
+        owner, _, _ = name.rpartition(".")
+        if owner in owners and buffer.is_floating_point():
+            names.append(name)
+    return tuple(names)
+
+
+def split_batch(batch: Any, input_key: int | str, size: int | None, first: int = 0) -> list[tuple[int, Any, int]]:
+    """Returns ``batch`` cut along dim 0 into microbatches of ``size`` samples (the last may be smaller), each
+    with its first sample's place (counted from ``first``) and its sample count; tensors whose first dim is not
+    the batch's are passed whole to each."""
+    total = int(batch_get(batch, input_key).shape[0])
+    if size is None or size >= total:
+        return [(first, batch, total)] if total else []
+
+    def piece(start: int) -> Any:
+        end = min(start + size, total)
+        return pytree.tree_map(
+            lambda t: t[start:end] if isinstance(t, Tensor) and t.dim() and t.shape[0] == total else t, batch
+        )
+
+    return [(first + start, piece(start), min(size, total - start)) for start in range(0, total, size)]
+
+
+def _accumulate(
+    sums: _Sums | None, grads: dict[str, Tensor], loss: Tensor, samples: int, statistics: Mapping[str, Tensor]
+) -> _Sums:
+    # ``grads`` are those of the microbatch's loss weighted by its samples over the full microbatch's, and are
+    # the step's own (fresh from the gradient): the first microbatch's hold the running sum, added in place.
+    weighted_loss = loss.detach().float() * samples
+    if sums is None:
+        return grads, weighted_loss, dict(statistics)
+    for name, g in grads.items():
+        sums[0][name].add_(g)
+    return sums[0], sums[1] + weighted_loss, {name: sums[2][name] + b for name, b in statistics.items()}
+
+
+def _flat(sums: _Sums, count: Tensor, microbatches: Tensor) -> list[Tensor]:
+    # What the processes sum, in one order everywhere: the gradients last layer first (the order the backward
+    # computes them in), the normalization statistics, the loss, the sample and microbatch counts.
+    grads, loss_sum, statistics = sums
+    return [*(grads[name] for name in reversed(grads)), *statistics.values(), loss_sum, count, microbatches]
+
+
+def _combine(
+    sums: _Sums,
+    samples: int,
+    microbatches: int,
+    unit: int,
+    reduce: Reduce | None,
+    failed: bool = False,
+    summing: Summing | None = None,
+) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor], Tensor]:
+    # The global sums divided by the global counts: gradients by samples over ``unit`` (a full microbatch's
+    # samples, the weights' denominator) and the loss by samples (an infinite count marks a process that
+    # failed its microbatches), statistics by microbatches. The sums are the step's own: divided in place.
+    grads, loss_sum, statistics = sums
+    device = loss_sum.device
+    count = torch.full((), float("inf") if failed else float(samples), device=device)
+    flat = _flat(sums, count, torch.full((), float(microbatches), device=device))
+    if summing is not None:
+        flat = summing.result(flat)
+    elif reduce is not None:
+        flat = reduce(flat)
+    total, parts = flat[-2], flat[-1]
+    share = total / unit if unit != 1 else total
+    summed = dict(zip(reversed(grads), flat, strict=False))
+    mean = {name: summed[name].div_(share) for name in grads}
+    averaged = {name: b / parts for name, b in zip(statistics, flat[len(grads) :], strict=False)}
+    return mean, flat[-3] / total, averaged, total
+
+
+def failed_contribution(state: State, frozen: frozenset[str], statistics: Sequence[str], reduce: Reduce) -> None:
+    """Joins the other processes' sum of this step with nothing but a failure mark (for a process whose
+    microbatches ran out of memory): every process then reads an infinite count and skips the update."""
+    _combine(_nothing(state.params, state.buffers, frozen, statistics), 0, 0, 1, reduce, failed=True)
+
+
+def microbatched_step(
+    begin: Callable[[State, Tensor, Any, int], tuple[State, StepCtx]],
+    differentiated: Callable[..., tuple[Tensor, dict[str, Tensor], tuple[State, StepCtx]]],
+    finish: Callable[..., tuple[State, dict[str, Tensor]]],
+    *,
+    loss_fn: LossFn,
+    input_key: int | str,
+    microbatch_size: int | None,
+    first_sample: int,
+    frozen: frozenset[str],
+    statistics: tuple[str, ...],
+    reduce: Reduce | None,
+    overlap: Callable[[Sequence[Tensor]], Summing] | None,
+    guarded: bool,
+) -> Callable[[State, Any], tuple[State, dict[str, Tensor]]]:
+    """Returns the step of the module docstring from the plain step's pieces: ``begin`` (AFTER_DATALOADER and
+    BEFORE_TRAIN_BATCH), ``differentiated`` (the events up to the gradient, and the gradient) and ``finish``
+    (the events from AFTER_BACKWARD on and the update)."""
+    # Each microbatch's loss is weighted by its samples over a full microbatch's (1 but for a short last one):
+    # the summed gradients keep the scale of one microbatch's (what fp16 loss scaling expects).
+    unit = microbatch_size or 1
+
+    def gradient_sums(params: Mapping[str, Tensor], entries: Sequence[tuple[State, StepCtx, int]]) -> _Sums:
+        sums = None
+        for state, ctx, samples in entries:
+            loss, grads, _ = differentiated(params, state, ctx, samples / unit)
+            sums = _accumulate(sums, grads, loss, samples, {})
+        return sums if sums is not None else _nothing(params, {}, frozen, ())
+
+    def step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
+        step_key = R.fold_in(state.key, state.step)
+        # Every microbatch's normalization statistics start from the step's; the step keeps their average,
+        # which the processes' sum makes the same on every process.
+        start = state.buffers
+        entries: list[tuple[State, StepCtx, int]] = []
+        sums: _Sums | None = None
+        # The context of the events from AFTER_BACKWARD on: the last microbatch's, else (no sample) the step's.
+        ctx = StepCtx(batch=batch, key=step_key, loss_fn=loss_fn)
+        samples = 0
+        parts = split_batch(batch, input_key, microbatch_size, first_sample)
+        summing = None
+        for number, (offset, part, size) in enumerate(parts):
+            state, ctx = begin(state.replace(buffers=start), R.fold_in(step_key, offset), part, offset)
+            entries.append((state, ctx, size))
+            fed: set[str] = set()
+            ready = None
+            if overlap is not None and number == len(parts) - 1 and not torch.compiler.is_compiling():
+                # The last microbatch's backward feeds the processes' sum gradient by gradient.
+                summing, ready = _feeding(overlap, state, sums, frozen, statistics, fed)
+            loss, grads, (state, ctx) = differentiated(state.params, state, ctx, size / unit, ready)
+            if sums is not None:
+                grads = {name: g for name, g in grads.items() if name not in fed}
+            sums = _accumulate(sums, grads, loss, size, {name: state.buffers[name] for name in statistics})
+            samples += size
+        if sums is None:
+            sums = _nothing(state.params, state.buffers, frozen, statistics)
+        grads, loss, averaged, total = _combine(sums, samples, len(entries), unit, reduce, summing=summing)
+        state = state.replace(buffers={**state.buffers, **averaged})
+        captured = tuple(entries)
+
+        def gradient_fn(params: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+            mean, mean_loss, _, _ = _combine(gradient_sums(params, captured), samples, len(captured), unit, reduce)
+            return mean_loss, mean
+
+        ctx = ctx.replace(grads=grads, loss=loss, gradient_fn=gradient_fn)
+        state, metrics = finish(state, ctx, torch.isfinite(total) if guarded else None)
+        return state, {**metrics, "samples": total}
+
+    return step
+
+
+def _feeding(
+    overlap: Callable[[Sequence[Tensor]], Summing],
+    state: State,
+    sums: _Sums | None,
+    frozen: frozenset[str],
+    statistics: Sequence[str],
+    fed: set[str],
+) -> tuple[Summing, Callable[[str, Tensor], None]]:
+    # A sum laid out as ``_combine`` lays its tensors out, and the gradient hook that adds each gradient to the
+    # earlier microbatches' (in place) and gives the total to the sum, recording its name in ``fed``.
+    trainable = {name: p for name, p in state.params.items() if name not in frozen}
+    scalar = torch.zeros((), device=next(iter(state.params.values())).device)
+    like = (trainable, scalar.float(), {name: state.buffers[name] for name in statistics})
+    summing = overlap(_flat(like, scalar, scalar))
+    place = {name: index for index, name in enumerate(reversed(trainable))}
+
+    def ready(name: str, grad: Tensor) -> None:
+        summing.add(place[name], grad if sums is None else sums[0][name].add_(grad))
+        fed.add(name)
+
+    return summing, ready
+
+
+def _nothing(
+    params: Mapping[str, Tensor], buffers: Mapping[str, Tensor], frozen: frozenset[str], statistics: Sequence[str]
+) -> _Sums:
+    # The sums of a process whose share of the global batch is empty (the epoch's short last batch): zeros.
+    zeros = {n: torch.zeros_like(p) for n, p in params.items() if n not in frozen}
+    loss = torch.zeros((), dtype=torch.float32, device=next(iter(params.values())).device)
+    return zeros, loss, {n: torch.zeros_like(buffers[n]) for n in statistics}
