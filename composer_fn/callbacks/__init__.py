@@ -1,6 +1,24 @@
 """Observers of training: they receive a read-only view of the run at each event and change nothing."""
 
 from composer_fn.callbacks.base import Callback, RunView
+from composer_fn.callbacks.monitors import (
+    LRMonitor,
+    MemoryMonitor,
+    RuntimeEstimator,
+    SpeedMonitor,
+    SystemMetricsMonitor,
+    measure_flops_per_sample,
+)
 from composer_fn.callbacks.nan_monitor import NaNMonitor
 
-__all__ = ["Callback", "NaNMonitor", "RunView"]
+__all__ = [
+    "Callback",
+    "LRMonitor",
+    "MemoryMonitor",
+    "NaNMonitor",
+    "RunView",
+    "RuntimeEstimator",
+    "SpeedMonitor",
+    "SystemMetricsMonitor",
+    "measure_flops_per_sample",
+]

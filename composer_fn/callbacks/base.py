@@ -11,12 +11,13 @@ from composer_fn.core.event import Event
 from composer_fn.core.state import State, Static
 from composer_fn.core.time import Timestamp
 
-__all__ = ["Callback", "RunView", "bind_callbacks"]
+__all__ = ["Callback", "RunView", "bind_callbacks", "logging_callbacks"]
 
 
 @dataclass(frozen=True)
 class RunView:
-    """What a callback sees at an event: the current records and the latest logged metrics."""
+    """What a callback sees at an event: the current records, the latest logged metrics, and the optimizer's
+    base learning rate (None when the optimizer does not say)."""
 
     event: Event
     static: Static
@@ -24,17 +25,28 @@ class RunView:
     timestamp: Timestamp
     max_steps: int
     metrics: Mapping[str, float]
+    base_learning_rate: float | None = None
 
 
 class Callback:
     """Base class of observers: define a method named after an event's value (``batch_end``, ``fit_end``, ...).
 
     A callback may log, print or write files; it may not change training. Anything that changes the run is
-    an algorithm.
+    an algorithm. Numbers it returns from ``log_metrics`` join the training record of each log step (every
+    ``log_interval``), which every logger receives: per-batch methods should only take note, cheaply.
     """
+
+    def log_metrics(self, view: RunView) -> Mapping[str, float]:
+        """Returns numbers to add to this log step's training record (names with a ``/`` keep it)."""
+        return {}
 
     def close(self) -> None:
         """Releases whatever the callback holds (files, bars); called once when training ends."""
+
+
+def logging_callbacks(callbacks: tuple[Callback, ...]) -> tuple[Callable[[RunView], Mapping[str, float]], ...]:
+    """Returns the ``log_metrics`` of the callbacks that define their own."""
+    return tuple(c.log_metrics for c in callbacks if type(c).log_metrics is not Callback.log_metrics)
 
 
 def bind_callbacks(callbacks: tuple[Callback, ...]) -> Mapping[Event, tuple[Callable[[RunView], Any], ...]]:

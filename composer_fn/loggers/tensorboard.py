@@ -1,8 +1,9 @@
 """TensorBoard and console destinations for the trainer's records.
 
 ``TensorBoardLogger`` writes through ``torch.utils.tensorboard.SummaryWriter``: the run's settings once, as a
-text summary (``hparams``); each training record's numbers as scalars ``train/<name>`` at its step; each
-evaluation's as ``eval/<name>``; the run's wall time as ``fit/wall_time``. ``ConsoleLogger`` prints one
+text summary (``hparams``); each training record's numbers as scalars ``train/<name>`` at its step (a
+monitor's ``section/name``, such as ``throughput/samples_per_second``, as it is); each evaluation's as
+``eval/<name>``; the run's wall time as ``fit/wall_time``. ``ConsoleLogger`` prints one
 readable line per training record and per evaluation, through tqdm so that a progress bar stays intact.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -40,6 +42,10 @@ class TensorBoardLogger(Logger):
         validate.integer("flush_secs", flush_secs, minimum=1, hint="seconds")
         self.log_dir = Path(log_dir)
         self._writer: Any = SummaryWriter(log_dir=str(self.log_dir), flush_secs=flush_secs)
+        # Records wait here and reach the writer's thread together, once a second at most: each hand-over wakes
+        # that thread, which then competes with training for the interpreter.
+        self._pending: list[tuple[Any, int, float]] = []
+        self._handed = time.monotonic()
 
     def log(self, record: dict[str, Any]) -> None:
         kind = record.get("kind")
@@ -51,20 +57,36 @@ class TensorBoardLogger(Logger):
         section = _SECTIONS.get(str(kind))
         if section is None:
             return
-        step = int(record.get("step", 0))
-        for name, value in record.items():
-            if name in _POSITION or name == "kind" or isinstance(value, bool) or not isinstance(value, int | float):
-                continue
-            self._writer.add_scalar(f"{section}/{name}", float(value), global_step=step)
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        values = [
+            # A monitor's name carries its own section ("throughput/samples_per_second"); others get the record's.
+            Summary.Value(tag=name if "/" in name else f"{section}/{name}", simple_value=float(value))
+            for name, value in record.items()
+            if name not in _POSITION and name != "kind" and isinstance(value, int | float) and not isinstance(value, bool)
+        ]
+        if values:
+            # One event holds the record's scalars (a tenth of the cost of one event per scalar).
+            self._pending.append((Summary(value=values), int(record.get("step", 0)), time.time()))
+        if kind != "train" or time.monotonic() - self._handed >= 1.0:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        writer = self._writer._get_file_writer()
+        for summary, step, wall in self._pending:
+            writer.add_summary(summary, step, wall)
+        self._pending, self._handed = [], time.monotonic()
 
     def close(self) -> None:
+        self._hand_over()
         self._writer.flush()
         self._writer.close()
 
 
 class ConsoleLogger(Logger):
-    """Prints one line per training record (step, epoch, loss, learning-rate multiplier, throughput) and per
-    evaluation (its metrics) to ``stream`` (default: standard error, where the progress bar is)."""
+    """Prints one line per training record (step, epoch, loss, learning-rate multiplier, throughput, and the
+    step time, MFU and time left when monitors give them) and per evaluation (its metrics) to ``stream``
+    (default: standard error, where the progress bar is)."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream
@@ -82,10 +104,18 @@ def _line(record: dict[str, Any]) -> str | None:
     kind = record.get("kind")
     where = f"[epoch {record.get('epoch', '?')} | batch {record.get('step', '?')}]"
     if kind == "train":
-        return (
+        line = (
             f"{where} loss {record['loss']:.4f} | lr × {record['lr_multiplier']:.4g} | "
             f"{record['samples_per_second']:,.0f} samples/s"
         )
+        if "time/step_ms" in record:
+            line += f" | {record['time/step_ms']:.1f} ms/step"
+        if "throughput/mfu" in record:
+            line += f" | MFU {record['throughput/mfu']:.1%}"
+        if "time/remaining_seconds" in record:
+            minutes, seconds = divmod(round(record["time/remaining_seconds"]), 60)
+            line += f" | {minutes}:{seconds:02d} left"
+        return line
     if kind == "eval":
         metrics = [
             f"{name} {value:.2%}" if "accuracy" in name else f"{name} {value:.4f}"

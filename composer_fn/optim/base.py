@@ -72,6 +72,8 @@ class GradientTransformation(NamedTuple):
     """An optional in-place form of ``update`` then ``apply_updates`` for callers that own (donate) their
     parameters and state, with the learning rate times ``scale`` (see ``composer_fn.optim.fused``). It must
     compute what ``update`` computes, to rounding."""
+    learning_rate: float | None = None
+    """The optimizer's base learning rate, when it has one (for monitors; schedules multiply it)."""
 
 
 class EmptyState(NamedTuple):

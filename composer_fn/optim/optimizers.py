@@ -43,11 +43,13 @@ def _descent(
 ) -> GradientTransformation:
     rate = ("learning_rate", scale(-learning_rate))
     if decay == "coupled":
-        return named_chain(("weight_decay", add_decayed_weights(weight_decay)), direction, rate)
-    if decay == "lr":
-        return named_chain(direction, ("weight_decay", add_decayed_weights(weight_decay)), rate)
-    # The update already carries the descent sign, so the decay enters negated.
-    return named_chain(direction, rate, ("weight_decay", add_decayed_weights(-weight_decay)))
+        chained = named_chain(("weight_decay", add_decayed_weights(weight_decay)), direction, rate)
+    elif decay == "lr":
+        chained = named_chain(direction, ("weight_decay", add_decayed_weights(weight_decay)), rate)
+    else:
+        # The update already carries the descent sign, so the decay enters negated.
+        chained = named_chain(direction, rate, ("weight_decay", add_decayed_weights(-weight_decay)))
+    return chained._replace(learning_rate=learning_rate)
 
 
 def _sgd(

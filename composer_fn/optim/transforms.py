@@ -147,7 +147,9 @@ def scheduled(optimizer: GradientTransformation, schedule: ScheduleMultiplier) -
     When ``optimizer`` has a ``fused`` step, so does the result: the learning rate times ``schedule(count)``
     (torch's ``LambdaLR`` arithmetic). The state is the chain's.
     """
-    chained = chain(optimizer, scale_by_schedule(schedule, host_evaluable=True))
+    chained = chain(optimizer, scale_by_schedule(schedule, host_evaluable=True))._replace(
+        learning_rate=optimizer.learning_rate
+    )
     if optimizer.fused is None:
         return chained
     return chained._replace(fused=scheduled_fused(optimizer.fused, schedule))

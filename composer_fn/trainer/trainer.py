@@ -27,7 +27,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from composer_fn.callbacks.base import Callback, RunView, bind_callbacks
+from composer_fn.callbacks.base import Callback, RunView, bind_callbacks, logging_callbacks
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import REQUIREMENTS, Algorithm, algorithms_to_json
@@ -309,6 +309,7 @@ class Trainer:
         self.callbacks = _instances("callbacks", callbacks, Callback)
         self.loggers = _instances("loggers", loggers, Logger)
         self._handlers = bind_callbacks(self.callbacks)
+        self._log_handlers = logging_callbacks(self.callbacks)
         self.compiles = 0
         self.metrics: dict[str, float] = {}
         self._steps: dict[Any, StepFn] = {}
@@ -478,9 +479,13 @@ class Trainer:
     def _notify(self, event: Event) -> None:
         handlers = self._handlers.get(event)
         if handlers:
-            view = RunView(event, self.static, self.state, self.timestamp, self.max_steps, dict(self.metrics))
+            view = self._view(event)
             for handler in handlers:
                 handler(view)
+
+    def _view(self, event: Event) -> RunView:
+        metrics = dict(self.metrics)
+        return RunView(event, self.static, self.state, self.timestamp, self.max_steps, metrics, self.tx.learning_rate)
 
     def _host_event(self, event: Event, meta: BatchMeta | None = None) -> None:
         # Most events of most runs have neither a host hook nor a callback: nothing to plan or call.
@@ -701,16 +706,21 @@ class Trainer:
         learning_rate = float(self.lr_multiplier(max(step - 1, 0)))
         value = float(self._loss) if self._loss is not None else float("nan")
         self.metrics.update(loss=value, samples_per_second=samples_per_second, lr_multiplier=learning_rate)
-        self._log(
-            {
-                "kind": "train",
-                "step": step,
-                "epoch": self.timestamp.epoch,
-                "loss": value,
-                "lr_multiplier": learning_rate,
-                "samples_per_second": samples_per_second,
-            }
-        )
+        record = {
+            "kind": "train",
+            "step": step,
+            "epoch": self.timestamp.epoch,
+            "loss": value,
+            "lr_multiplier": learning_rate,
+            "samples_per_second": samples_per_second,
+        }
+        if self._log_handlers:
+            view = self._view(Event.BATCH_END)
+            for handler in self._log_handlers:
+                values = handler(view)
+                record.update(values)
+                self.metrics.update(values)
+        self._log(record)
         self._bar.set_postfix(loss=f"{value:.4f}", samples_s=f"{samples_per_second:,.0f}", refresh=False)
 
     def _evaluate(self, standalone: bool = False) -> None:
