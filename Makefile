@@ -14,7 +14,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/composer-fn train --task digits --algorithms mixup,label_smoothing,channels_last --max-duration 12ep --seed 0
+	rm -f runs/demo/log.jsonl
+	$(BIN)/composer-fn train --task digits --algorithms mixup,label_smoothing,channels_last --max-duration 12ep --seed 0 \
+		--log-file runs/demo/log.jsonl
+	$(BIN)/composer-fn report runs/demo
 
 test: $(STAMP)
 	$(BIN)/ruff check composer_fn tests benchmarks

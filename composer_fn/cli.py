@@ -168,6 +168,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         help="run on this many processes with torchrun (one per GPU); --batch-size is then the global batch",
     )
     train.add_argument("--dist-timeout", type=_TIMEOUT, default=300.0, help="seconds a collective waits (default 300)")
+    report = commands.add_parser("report", help="draw a run's log (loss, held-out metric, learning rate, throughput) as a PNG")
+    report.add_argument("run", type=Path, help="a run folder holding one JSON-lines log (--log-file), or the log")
+    report.add_argument("--compare", type=Path, nargs="+", default=[], metavar="RUN", help="more runs, overlaid")
+    report.add_argument("--labels", default="", help="comma-separated names of the runs, in order")
+    report.add_argument("--output", type=Path, default=None, help="the PNG to write (default: report.png by the run)")
     return parser, dict(commands.choices)
 
 
@@ -197,6 +202,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
     import torch
 
     from composer_fn import optim
+    from composer_fn.callbacks import LRMonitor, SpeedMonitor
     from composer_fn.data import TensorLoader
     from composer_fn.loggers import JSONLLogger, Logger
     from composer_fn.trainer import Trainer
@@ -230,6 +236,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
         precision=args.precision,
         compile=args.compile,
         loggers=loggers,
+        callbacks=[SpeedMonitor(), LRMonitor()] if loggers else [],
         save_folder=args.save_folder,
         load_path=args.load_path,
         autoresume=args.autoresume,
@@ -277,6 +284,19 @@ def _plan(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Tas
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from composer_fn.report import write_report
+
+    labels = [label.strip() for label in args.labels.split(",")] if args.labels else []
+    try:
+        path = write_report([args.run, *args.compare], args.output, labels=labels)
+    except (ValueError, OSError) as error:
+        print(f"composer-fn: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
 def _launch(argv: Sequence[str], processes: int) -> int:
     """Returns the exit status of this command run by torchrun on ``processes`` processes of this machine."""
     import subprocess
@@ -302,6 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser, commands = _parser()
     args = parser.parse_args(argv)
+    if args.command == "report":
+        return _report(args)
     try:
         algorithms = parse_algorithms(args.algorithms)
     except ValueError as error:

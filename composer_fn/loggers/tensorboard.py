@@ -3,7 +3,8 @@
 ``TensorBoardLogger`` writes through ``torch.utils.tensorboard.SummaryWriter``: the run's settings once, as a
 text summary (``hparams``); each training record's numbers as scalars ``train/<name>`` at its step (a
 monitor's ``section/name``, such as ``throughput/samples_per_second``, as it is); each evaluation's as
-``eval/<name>``; the run's wall time as ``fit/wall_time``. ``ConsoleLogger`` prints one
+``eval/<name>``; the run's wall time as ``fit/wall_time``; each step where algorithms switch on or off, as
+text ``plan``. ``ConsoleLogger`` prints one
 readable line per training record and per evaluation, through tqdm so that a progress bar stays intact.
 """
 
@@ -53,6 +54,10 @@ class TensorBoardLogger(Logger):
             settings = {name: value for name, value in record.items() if name != "kind"}
             text = "\n".join(f"    {line}" for line in json.dumps(settings, indent=2, sort_keys=True).splitlines())
             self._writer.add_text("hparams", text, global_step=0)
+            return
+        if kind == "plan":
+            self._hand_over()
+            self._writer.add_text("plan", _switch(record), global_step=int(record["step"]))
             return
         section = _SECTIONS.get(str(kind))
         if section is None:
@@ -123,6 +128,14 @@ def _line(record: dict[str, Any]) -> str | None:
             if name not in ("kind", *_POSITION) and isinstance(value, int | float) and not isinstance(value, bool)
         ]
         return f"{where} " + " | ".join(metrics)
+    if kind == "plan":
+        return f"[batch {record.get('step', '?')}] {_switch(record)}"
     if kind == "fit":
         return f"[done at batch {record.get('step', '?')}] wall time {record.get('wall_time', float('nan')):.1f} s"
     return None
+
+
+def _switch(record: dict[str, Any]) -> str:
+    """Returns a ``plan`` record as text: ``mixup on`` or ``selective_backprop off``."""
+    switch = "on" if "on" in record else "off"
+    return f"{', '.join(record.get(switch, []))} {switch}"

@@ -38,7 +38,7 @@ from composer_fn.core.engine import (
     make_plan,
     run_host_event,
 )
-from composer_fn.core.event import Event
+from composer_fn.core.event import TRAIN_STEP_EVENTS, Event
 from composer_fn.core.passes import DEFAULT_PASSES, Pass
 from composer_fn.core.schedule import Action, Progress, run_schedule
 from composer_fn.core.state import (
@@ -86,6 +86,8 @@ from composer_fn.trainer.step import (
 )
 
 __all__ = ["Trainer"]
+
+_BATCH_EVENTS = frozenset((Event.BATCH_START, *TRAIN_STEP_EVENTS, Event.BATCH_END))
 
 _T = TypeVar("_T")
 
@@ -325,6 +327,9 @@ class Trainer:
         self._loss: Tensor | None = None
         self._last_plan: tuple[Timestamp | None, BatchMeta | None, Plan | None] = (None, None, None)
         self._last_step: tuple[Any, ...] = (None, None, None, None)
+        self._logged_order: Any = None
+        self._switches = _Switches()
+        self._fit_start = time.perf_counter()
         self._batches: Iterator[Any] | None = None
         self._batch: Any = None
         self._meta = BatchMeta(0)
@@ -546,7 +551,7 @@ class Trainer:
             file=sys.stderr,
             leave=True,
         )
-        start = time.perf_counter()
+        start = self._fit_start = time.perf_counter()
         self._window = (start, 0)
         self._unchecked = True
         reply: Progress | None = None
@@ -567,6 +572,9 @@ class Trainer:
             self._bar.close()
             self._batches = self._batch = None
         self.metrics["wall_time"] = time.perf_counter() - start
+        # An algorithm that stopped acting in the last steps switched off for this run.
+        for at, switch, names in self._switches.due(self.timestamp.batch + _Switches.GAP):
+            self._log({"kind": "plan", "step": at, switch: names})
         self._log({"kind": "fit", "step": self.timestamp.batch, "wall_time": self.metrics["wall_time"]})
         for callback in self.callbacks:
             callback.close()
@@ -628,6 +636,13 @@ class Trainer:
         if plan is not last_plan or self.static is not last_static or frozen != last_frozen:
             step = self._train_step(plan, frozen)
             self._last_step = (plan, self.static, frozen, step)
+            if self.loggers and plan.order != self._logged_order:
+                self._logged_order = plan.order
+                acting = {name for event, names in plan.order if event in _BATCH_EVENTS for name in names}
+                self._switches.seen(acting, self.timestamp.batch)
+        if self.loggers and (self._switches.pending or self._switches.absent):
+            for at, switch, names in self._switches.due(self.timestamp.batch):
+                self._log({"kind": "plan", "step": at, switch: names})
         began = time.perf_counter()
         if self._auto_microbatch:
             step = self._fitting_step(step, plan, frozen)
@@ -713,6 +728,7 @@ class Trainer:
             "loss": value,
             "lr_multiplier": learning_rate,
             "samples_per_second": samples_per_second,
+            "wall_time": now - self._fit_start,
         }
         if self._log_handlers:
             view = self._view(Event.BATCH_END)
@@ -748,7 +764,8 @@ class Trainer:
         finally:
             module.train()
         self.metrics.update(results, eval_step=self.timestamp.batch)
-        self._log({"kind": "eval", "step": self.timestamp.batch, "epoch": self.timestamp.epoch, **results})
+        wall_time = time.perf_counter() - self._fit_start
+        self._log({"kind": "eval", "step": self.timestamp.batch, "epoch": self.timestamp.epoch, "wall_time": wall_time, **results})
         self._host_event(Event.EVAL_END)
         closing = Event.EVAL_STANDALONE_END if standalone else Event.EVAL_AFTER_ALL
         self._host_event(closing)
@@ -885,6 +902,42 @@ def _device(device: str | torch.device | None) -> torch.device:
         return torch.device(device)
     except (RuntimeError, TypeError) as error:
         raise ValueError(f"device={device!r} is not a device ('cpu', 'cuda', 'cuda:1', ...): {error}") from None
+
+
+class _Switches:
+    """When algorithms switch on and off, for ``plan`` records: an algorithm is on from the first step it acts
+    at until it has not acted for more than ``GAP`` steps, so one that acts every other batch
+    (SelectiveBackprop) is on throughout, not switched at every step. An off switch is known ``GAP`` steps late
+    and carries the step it happened at."""
+
+    GAP = 8
+
+    def __init__(self) -> None:
+        self.on: set[str] = set()
+        self.absent: dict[str, int] = {}  # an algorithm that is on, by the step it stopped acting at
+        self.pending: list[tuple[int, str, list[str]]] = []
+
+    def seen(self, acting: set[str], step: int) -> None:
+        """Takes note of the algorithms acting from ``step`` on (called whenever they may have changed)."""
+        for name in self.on - acting:
+            self.absent.setdefault(name, step)
+        for name in acting & self.absent.keys():
+            del self.absent[name]
+        if acting - self.on:
+            self.pending.append((step, "on", sorted(acting - self.on)))
+            self.on |= acting
+
+    def due(self, step: int) -> list[tuple[int, str, list[str]]]:
+        """Returns the switches known by ``step``, as ``(step, 'on' | 'off', names)``."""
+        gone: dict[int, list[str]] = {}
+        for name, since in list(self.absent.items()):
+            if step - since >= self.GAP:
+                del self.absent[name]
+                self.on.discard(name)
+                gone.setdefault(since, []).append(name)
+        self.pending.extend((since, "off", sorted(names)) for since, names in sorted(gone.items()))
+        due, self.pending = self.pending, []
+        return due
 
 
 def hparams_of(trainer: Trainer) -> Mapping[str, Any]:
