@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from composer_fn.core import validate
 from composer_fn.core.time import Time, TimeUnit
+from composer_fn.recipes import OPTIMIZERS, Recipe, RecipeError, load_recipe
 
 if TYPE_CHECKING:
     import torch
@@ -77,6 +78,19 @@ def _digits_mlp() -> nn.Module:
     return MLP(64, 10, hidden=(128,))
 
 
+MODELS = ("small_cnn", "mlp")
+
+
+def _model(name: str, inputs: torch.Tensor) -> nn.Module:
+    """Returns the model ``name`` for a task whose inputs are ``inputs``: a SmallCNN, or an MLP on the
+    flattened inputs."""
+    from composer_fn.models import MLP, SmallCNN
+
+    if name == "small_cnn":
+        return SmallCNN(in_channels=inputs.shape[1], num_classes=10)
+    return MLP(math.prod(inputs.shape[1:]), 10, hidden=(128,))
+
+
 _DIGITS = "scikit-learn's bundled 8x8 handwritten digits (1437 train / 360 held out), a small CNN with BatchNorm"
 _SYNTHETIC = "a keyed synthetic 10-class 3x16x16 image task, a small CNN"
 TASKS: dict[str, Task] = {
@@ -137,12 +151,15 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     for command, text in (("train", "train a task"), ("plan", "print which algorithm runs when, without training")):
         sub = commands.add_parser(command, help=text)
         sub.add_argument("--task", default="digits", choices=tuple(TASKS), help=f"one of: {', '.join(TASKS)}")
-        sub.add_argument("--algorithms", default="", help="comma-separated names, e.g. mixup,label_smoothing")
+        sub.add_argument("--config", type=Path, default=None, help="a recipe file (TOML); flags override its fields")
+        sub.add_argument("--algorithms", default=None, help="comma-separated names, e.g. mixup,label_smoothing")
+        sub.add_argument("--model", default=None, choices=MODELS, help="the task's model if omitted")
         sub.add_argument("--max-duration", type=_MAX_DURATION, default="10ep", help="e.g. 10ep or 500ba")
         sub.add_argument("--batch-size", type=_POSITIVE_INT, default=None, help="task default if omitted")
         sub.add_argument("--seed", type=_SEED, default=0)
     train = commands.choices["train"]
     train.add_argument("--lr", type=_LEARNING_RATE, default=None, help="base learning rate (task default if omitted)")
+    train.add_argument("--optimizer", default=None, choices=OPTIMIZERS, help="task default (SGD) if omitted")
     train.add_argument("--precision", default="fp32", choices=("fp32", "bf16-mixed", "fp16-mixed"))
     train.add_argument("--compile", action="store_true", help="compile the step with torch.compile")
     train.add_argument("--save-folder", type=_FOLDER, default=None)
@@ -201,7 +218,6 @@ def _wants_unit_range(algorithms: tuple[Algorithm, ...]) -> bool:
 def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Task) -> int:
     import torch
 
-    from composer_fn import optim
     from composer_fn.callbacks import LRMonitor, SpeedMonitor
     from composer_fn.data import TensorLoader
     from composer_fn.loggers import JSONLLogger, Logger
@@ -213,7 +229,20 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
     started = time.perf_counter()
     train, heldout = task.data(args.seed, _wants_unit_range(algorithms))
     batch_size = args.batch_size if args.batch_size is not None else task.batch_size
-    learning_rate = args.lr if args.lr is not None else task.learning_rate
+    recipe: Recipe = args.recipe
+    # The optimizer: --optimizer (with its default arguments), else the recipe's table, else the task's SGD.
+    task_optimizer = {
+        "name": "sgd",
+        "learning_rate": task.learning_rate,
+        "momentum": 0.9,
+        "nesterov": True,
+        "weight_decay": 5e-4,
+    }
+    if args.optimizer:
+        optimizer = Recipe(recipe.path, {}).build_optimizer({"name": args.optimizer, "learning_rate": task.learning_rate}, args.lr)
+    else:
+        optimizer = recipe.build_optimizer(task_optimizer, args.lr)
+    schedule = recipe.build_schedule({"name": "cosine_warmup", "t_warmup": _warmup(args.max_duration)})
     world = environment_world() or World()
     world_size = world.size
     if batch_size % world_size:
@@ -223,20 +252,24 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
     loader = TensorLoader(train, batch_size // world_size, shuffle=True, seed=args.seed)
     eval_loader = TensorLoader(heldout, 512, shuffle=False)
     main_process = world.main
-    loggers: list[Logger] = [JSONLLogger(args.log_file)] if args.log_file is not None and main_process else []
+    loggers: list[Logger] = [JSONLLogger(args.log_file)] if args.log_file is not None else []
+    loggers = [*loggers, *recipe.build_loggers()] if main_process else []
+    callbacks = recipe.build_callbacks()
+    if loggers and not recipe.callbacks:
+        callbacks = [SpeedMonitor(), LRMonitor()]
     trainer = Trainer(
-        task.model(),
+        _model(args.model, train[0]) if args.model else task.model(),
         loader,
         eval_loader,
         max_duration=args.max_duration,
-        optimizer=optim.sgd(learning_rate, momentum=0.9, nesterov=True, weight_decay=5e-4),
-        schedule=optim.CosineAnnealingWithWarmupScheduler(t_warmup=_warmup(args.max_duration)),
+        optimizer=optimizer,
+        schedule=schedule,
         algorithms=algorithms,
         seed=args.seed,
         precision=args.precision,
         compile=args.compile,
         loggers=loggers,
-        callbacks=[SpeedMonitor(), LRMonitor()] if loggers else [],
+        callbacks=callbacks,
         save_folder=args.save_folder,
         load_path=args.load_path,
         autoresume=args.autoresume,
@@ -270,8 +303,8 @@ def _plan(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Tas
     batch_size = args.batch_size if args.batch_size is not None else task.batch_size
     steps_per_epoch = len(TensorLoader(train, batch_size, shuffle=False))
     input_shape = (batch_size, *train[0].shape[1:])
-    # Checked against the task's model: a surgery that finds nothing to rewrite there never runs.
-    model = task.model()
+    # Checked against the run's model: a surgery that finds nothing to rewrite there never runs.
+    model = _model(args.model, train[0]) if args.model else task.model()
     inert = [a for a in algorithms if (rewrites := a.capabilities().rewrites) is not None and not rewrites(model)]
     acting = tuple(a for a in algorithms if a not in inert)
     report = dry_run(acting, args.max_duration, steps_per_epoch, batch_size=batch_size, input_shape=input_shape)
@@ -282,6 +315,30 @@ def _plan(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Tas
             f"({type(model).__name__}), so it would change nothing"
         )
     return 0
+
+
+def _converters(command: argparse.ArgumentParser) -> dict[str, Callable[[str], object]]:
+    """Returns, by field name, how the command converts each flag's text (a recipe's fields go through it)."""
+    converters: dict[str, Callable[[str], object]] = {}
+    for action in command._actions:
+        if not action.option_strings or action.dest in ("help", "config", "algorithms"):
+            continue
+        if isinstance(action, argparse._StoreTrueAction):
+            converters[action.dest] = bool
+        elif action.choices is not None:
+            converters[action.dest] = _choice(action.option_strings[0], tuple(action.choices))
+        else:
+            converters[action.dest] = action.type if callable(action.type) else str
+    return converters
+
+
+def _choice(flag: str, choices: tuple[object, ...]) -> Callable[[str], object]:
+    def convert(text: str) -> object:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}; accepted: {', '.join(map(str, choices))}")
+        return text
+
+    return convert
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -324,8 +381,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "report":
         return _report(args)
+    recipe = None
+    if args.config is not None:
+        # The recipe's fields become the command's defaults: a flag given on the command line still wins.
+        try:
+            recipe = load_recipe(args.config, _converters(commands["train"]))
+        except RecipeError as error:
+            print(f"composer-fn: {error}", file=sys.stderr)
+            return 2
+        known = {action.dest for action in commands[args.command]._actions}
+        commands[args.command].set_defaults(**{k: v for k, v in recipe.flags.items() if k in known})
+        args = parser.parse_args(argv)
+    args.recipe = recipe if recipe is not None else Recipe(Path("(flags)"), {})
     try:
-        algorithms = parse_algorithms(args.algorithms)
+        if args.algorithms is None and recipe is not None:
+            algorithms = recipe.build_algorithms()
+        else:
+            algorithms = parse_algorithms(args.algorithms or "")
+    except RecipeError as error:
+        print(f"composer-fn: {error}", file=sys.stderr)
+        return 2
     except ValueError as error:
         commands[args.command].error(f"argument --algorithms: {error}")
     if args.command == "train" and args.nproc is not None and "WORLD_SIZE" not in os.environ:

@@ -13,6 +13,7 @@ all-reduce as the gradients (a few kilobytes more). So evaluations and checkpoin
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from collections.abc import Sequence
@@ -129,7 +130,15 @@ def setup(device: torch.device, timeout: float) -> World:
         timeout=datetime.timedelta(seconds=seconds),
         device_id=device if device.type == "cuda" else None,
     )
+    # The group this process joined is left before the interpreter exits: left to the C++ destructors, its
+    # threads may still be running and abort the process (SIGABRT) after a run that went well.
+    atexit.register(_leave)
     return World(dist.get_rank(), dist.get_world_size(), world.local_rank, seconds)
+
+
+def _leave() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def explained(error: RuntimeError, world: World, step: int) -> RuntimeError:

@@ -1,0 +1,213 @@
+"""Recipe files: a run of ``composer-fn train`` (or its ``plan``) written as TOML.
+
+A recipe's top-level fields are the command's flags, spelled with underscores (``max_duration = "12ep"``,
+``batch_size = 64``, ``precision = "bf16-mixed"``, ``save_folder``, ``load_path``, ``log_file``, ...); a flag
+given on the command line overrides the field. Four tables say what flags cannot:
+
+- ``[algorithms.<name>]``, one per algorithm, in order, with its hyperparameters (``[algorithms.mixup]
+  alpha = 0.2``); ``--algorithms`` replaces the whole list, with default hyperparameters.
+- ``[optimizer]``: ``name`` (``sgd``, ``sgdw``, ``adam``, ``adamw``, ``decoupled_adamw``) and its arguments;
+  ``--lr`` overrides ``learning_rate``.
+- ``[schedule]``: ``name`` (``cosine_warmup``, ``linear_warmup``, ``constant``, ...) and its arguments.
+- ``[loggers]``: ``tensorboard = "<folder>"`` and ``console = true``; and ``callbacks``, a list among
+  ``speed``, ``lr``, ``memory``, ``runtime``, ``system`` and ``nan``.
+
+An unknown field or a bad value is an error that names the file, the field and what is accepted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from composer_fn.callbacks import Callback
+    from composer_fn.core.algorithm import Algorithm
+    from composer_fn.loggers import Logger
+    from composer_fn.optim import GradientTransformation
+
+__all__ = ["Recipe", "load_recipe", "OPTIMIZERS", "SCHEDULES", "CALLBACKS"]
+
+OPTIMIZERS = ("sgd", "sgdw", "adam", "adamw", "decoupled_adamw")
+SCHEDULES = {
+    "constant": "ConstantScheduler",
+    "linear": "LinearScheduler",
+    "cosine": "CosineAnnealingScheduler",
+    "constant_warmup": "ConstantWithWarmupScheduler",
+    "linear_warmup": "LinearWithWarmupScheduler",
+    "cosine_warmup": "CosineAnnealingWithWarmupScheduler",
+    "step": "StepScheduler",
+    "multistep": "MultiStepScheduler",
+    "exponential": "ExponentialScheduler",
+    "polynomial": "PolynomialScheduler",
+}
+CALLBACKS = ("speed", "lr", "memory", "runtime", "system", "nan")
+_TABLES = ("algorithms", "optimizer", "schedule", "loggers")
+
+
+class RecipeError(ValueError):
+    """A recipe file that cannot be read: the message names the file, the field and what is accepted."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A recipe file's fields: ``flags`` (by flag name, as the command line would give them) and its tables."""
+
+    path: Path
+    flags: Mapping[str, Any]
+    algorithms: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+    optimizer: Mapping[str, Any] = field(default_factory=dict)
+    schedule: Mapping[str, Any] = field(default_factory=dict)
+    loggers: Mapping[str, Any] = field(default_factory=dict)
+    callbacks: tuple[str, ...] = ()
+
+    def error(self, name: str, message: str) -> RecipeError:
+        """Returns the error for field ``name`` of this file."""
+        return RecipeError(f"{self.path}: field {name}: {message}")
+
+    def build_algorithms(self) -> tuple[Algorithm, ...]:
+        """Returns the ``[algorithms.*]`` tables as algorithms, in the file's order."""
+        import composer_fn.algorithms  # noqa: F401  (registers every algorithm)
+        from composer_fn.core.algorithm import REGISTRY
+
+        built = []
+        for name, arguments in self.algorithms:
+            if name not in REGISTRY:
+                raise self.error(f"algorithms.{name}", f"unknown algorithm; accepted: {', '.join(sorted(REGISTRY))}")
+            built.append(self._call(f"algorithms.{name}", REGISTRY[name], arguments))
+        return tuple(built)
+
+    def build_optimizer(self, defaults: Mapping[str, Any], learning_rate: float | None) -> GradientTransformation:
+        """Returns the ``[optimizer]`` table's optimizer; without one, ``defaults`` (``name`` and arguments);
+        ``learning_rate`` (``--lr``), when given, overrides the table's."""
+        from composer_fn import optim
+
+        table = dict(self.optimizer) if self.optimizer else dict(defaults)
+        name = table.pop("name", "sgd")
+        if name not in OPTIMIZERS:
+            raise self.error("optimizer.name", f"{name!r} is not an optimizer; accepted: {', '.join(OPTIMIZERS)}")
+        if learning_rate is not None:
+            table["learning_rate"] = learning_rate
+        return self._call("optimizer", getattr(optim, name), table)
+
+    def build_schedule(self, defaults: Mapping[str, Any]) -> Any:
+        """Returns the ``[schedule]`` table's schedule; without one, ``defaults`` (``name`` and arguments)."""
+        from composer_fn.optim import schedules
+
+        table = dict(self.schedule) if self.schedule else dict(defaults)
+        name = table.pop("name", "constant")
+        if name not in SCHEDULES:
+            raise self.error("schedule.name", f"{name!r} is not a schedule; accepted: {', '.join(SCHEDULES)}")
+        return self._call("schedule", getattr(schedules, SCHEDULES[name]), table)
+
+    def build_loggers(self) -> list[Logger]:
+        """Returns the ``[loggers]`` table's loggers (the log file is a flag, ``log_file``)."""
+        from composer_fn.loggers import ConsoleLogger, TensorBoardLogger
+
+        unknown = sorted(set(self.loggers) - {"tensorboard", "console"})
+        if unknown:
+            raise self.error(f"loggers.{unknown[0]}", "unknown logger; accepted: tensorboard (a folder), console (true)")
+        loggers: list[Logger] = []
+        folder = self.loggers.get("tensorboard")
+        if folder is not None:
+            if not isinstance(folder, str) or not folder:
+                raise self.error("loggers.tensorboard", f"{folder!r}: expected a folder, e.g. \"runs/tb/digits\"")
+            loggers.append(self._call("loggers.tensorboard", TensorBoardLogger, {"log_dir": folder}))
+        console = self.loggers.get("console", False)
+        if not isinstance(console, bool):
+            raise self.error("loggers.console", f"{console!r}: expected true or false")
+        if console:
+            loggers.append(ConsoleLogger())
+        return loggers
+
+    def build_callbacks(self) -> list[Callback]:
+        """Returns the ``callbacks`` list as callbacks."""
+        from composer_fn import callbacks
+
+        made: dict[str, Callable[[], Callback]] = {
+            "speed": callbacks.SpeedMonitor,
+            "lr": callbacks.LRMonitor,
+            "memory": callbacks.MemoryMonitor,
+            "runtime": callbacks.RuntimeEstimator,
+            "system": callbacks.SystemMetricsMonitor,
+            "nan": callbacks.NaNMonitor,
+        }
+        return [made[name]() for name in self.callbacks]
+
+    def _call(self, name: str, build: Callable[..., Any], arguments: Mapping[str, Any]) -> Any:
+        try:
+            return build(**arguments)
+        except TypeError as error:
+            raise self.error(name, f"{error}") from None
+        except ValueError as error:
+            raise self.error(name, f"{error}") from None
+
+
+def load_recipe(path: str | os.PathLike[str], flags: Mapping[str, Callable[[str], Any]]) -> Recipe:
+    """Returns the recipe in the TOML file at ``path``.
+
+    ``flags`` maps each accepted top-level field to the converter of its command-line flag (a string in, the
+    value out, ``argparse.ArgumentTypeError`` for a bad one); a field that is not a string is converted from
+    its text, so a recipe accepts exactly what the flag accepts.
+    """
+    import argparse
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        raise RecipeError("recipe files need Python 3.11 or newer (the standard library's tomllib)") from None
+    file = Path(path)
+    try:
+        with file.open("rb") as stream:
+            data = tomllib.load(stream)
+    except OSError as error:
+        raise RecipeError(f"--config={str(path)!r}: cannot be read ({error.strerror or error}); expected a TOML file") from None
+    except tomllib.TOMLDecodeError as error:
+        raise RecipeError(f"{file}: not TOML ({error})") from None
+    recipe = Recipe(file, {})
+    values: dict[str, Any] = {}
+    for name, value in data.items():
+        if name in _TABLES or name == "callbacks":
+            continue
+        if name not in flags:
+            accepted = ", ".join(sorted([*flags, *_TABLES, "callbacks"]))
+            raise recipe.error(name, f"unknown field; accepted: {accepted}")
+        convert = flags[name]
+        if isinstance(value, bool) or convert is bool:
+            values[name] = _flag_switch(recipe, name, value, convert)
+            continue
+        try:
+            values[name] = convert(str(value)) if not isinstance(value, str) or convert is not str else value
+        except (argparse.ArgumentTypeError, ValueError) as error:
+            raise recipe.error(name, str(error)) from None
+    algorithms = data.get("algorithms", {})
+    if not isinstance(algorithms, dict) or not all(isinstance(v, dict) for v in algorithms.values()):
+        raise recipe.error("algorithms", "expected tables [algorithms.<name>] of hyperparameters")
+    tables = {name: data.get(name, {}) for name in ("optimizer", "schedule", "loggers")}
+    for name, table in tables.items():
+        if not isinstance(table, dict):
+            raise recipe.error(name, f"expected a table [{name}]")
+    callbacks = data.get("callbacks", [])
+    if not isinstance(callbacks, list) or not all(isinstance(c, str) and c in CALLBACKS for c in callbacks):
+        raise recipe.error("callbacks", f"{callbacks!r}: expected a list among {', '.join(CALLBACKS)}")
+    return Recipe(
+        file,
+        values,
+        tuple(algorithms.items()),
+        tables["optimizer"],
+        tables["schedule"],
+        tables["loggers"],
+        tuple(callbacks),
+    )
+
+
+def _flag_switch(recipe: Recipe, name: str, value: Any, convert: Callable[[str], Any]) -> bool:
+    # A switch (--compile) takes true or false; true or false is no value for any other flag.
+    if convert is not bool:
+        raise recipe.error(name, f"{value!r}: expected what the flag --{name.replace('_', '-')} takes, not true/false")
+    if not isinstance(value, bool):
+        raise recipe.error(name, f"{value!r}: expected true or false")
+    return value

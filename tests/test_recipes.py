@@ -1,0 +1,90 @@
+"""Recipe files: every shipped recipe trains a few batches, flags override its fields, and a bad field is refused
+in one line naming the file, the field and what is accepted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from composer_fn.algorithms import LabelSmoothing, MixUp
+from composer_fn.cli import _converters, _parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted((ROOT / "recipes").glob("*.toml"))
+
+
+def test_each_embedded_task_has_a_baseline_and_a_mild_recipe() -> None:
+    names = {path.stem for path in RECIPES}
+    for task in ("digits", "digits-mlp", "synthetic"):
+        assert {f"{task}-baseline", f"{task}-mild"} <= names
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda path: path.stem)
+def test_every_recipe_trains_a_few_batches(recipe: Path, capsys) -> None:
+    assert main(["train", "--config", str(recipe), "--max-duration", "3ba", "--no-progress", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "3 steps" in out and "held-out accuracy" in out
+
+
+def _write(folder: Path, text: str) -> Path:
+    path = folder / "recipe.toml"
+    path.write_text(text)
+    return path
+
+
+def test_flags_override_the_fields_and_the_tables_build_what_they_say(tmp_path: Path, capsys) -> None:
+    recipe = _write(
+        tmp_path,
+        'task = "digits-mlp"\nmax_duration = "12ep"\nbatch_size = 32\n'
+        "[algorithms.mixup]\nalpha = 0.3\n[algorithms.label_smoothing]\nsmoothing = 0.05\n"
+        '[optimizer]\nname = "adamw"\nlearning_rate = 0.001\n',
+    )
+    from composer_fn.recipes import load_recipe
+
+    loaded = load_recipe(recipe, _converters(_parser()[1]["train"]))
+    assert loaded.flags["batch_size"] == 32 and str(loaded.flags["max_duration"]) == "12ep"
+    assert loaded.build_algorithms() == (MixUp(alpha=0.3), LabelSmoothing(smoothing=0.05))
+    assert loaded.build_optimizer({}, None).learning_rate == 0.001
+    assert loaded.build_optimizer({}, 0.5).learning_rate == 0.5
+    assert main(["train", "--config", str(recipe), "--max-duration", "2ba", "--no-progress", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "2 steps" in out and "algorithms mixup, label_smoothing" in out
+    assert main(["plan", "--config", str(recipe), "--algorithms", "cutout", "--max-duration", "1ep"]) == 0
+    assert "cutout" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("speed = 3\n", "field speed: unknown field; accepted: "),
+        ("batch_size = 0\n", "field batch_size: invalid value '0'; accepted: a whole number >= 1"),
+        ('max_duration = "0.5dur"\n', "field max_duration: invalid value '0.5dur'; accepted: a whole number >= 1 of epochs"),
+        ('precision = "fp8"\n', "field precision: invalid value 'fp8'; accepted: fp32, bf16-mixed, fp16-mixed"),
+        ("compile = 1\n", "field compile: 1: expected true or false"),
+        ("batch_size = true\n", "field batch_size: True: expected what the flag --batch-size takes"),
+        ("[algorithms.mixup]\nalpha = -1.0\n", "field algorithms.mixup: alpha=-1.0"),
+        ("[algorithms.mixup]\nbeta = 1.0\n", "field algorithms.mixup: "),
+        ("[algorithms.blurpoool]\n", "field algorithms.blurpoool: unknown algorithm; accepted: alibi"),
+        ('[optimizer]\nname = "rmsprop"\n', "field optimizer.name: 'rmsprop' is not an optimizer; accepted: sgd"),
+        ("[optimizer]\nlearning_rate = -1.0\n", "field optimizer: learning_rate=-1.0"),
+        ('[schedule]\nname = "cosine_warmup"\nt_warmup = "soon"\n', "field schedule: "),
+        ('callbacks = ["speed", "fast"]\n', "field callbacks: ['speed', 'fast']: expected a list among speed, lr"),
+        ('[loggers]\nwandb = "x"\n', "field loggers.wandb: unknown logger; accepted: tensorboard"),
+        ("task = \n", "not TOML"),
+    ],
+)
+def test_a_bad_field_is_refused_in_one_line_naming_file_field_and_what_is_accepted(
+    tmp_path: Path, capsys, text: str, message: str
+) -> None:
+    recipe = _write(tmp_path, text)
+    assert main(["train", "--config", str(recipe), "--max-duration", "1ba", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"composer-fn: {recipe}") and message in err, err
+
+
+def test_a_missing_recipe_is_named(tmp_path: Path, capsys) -> None:
+    assert main(["plan", "--config", str(tmp_path / "nothing.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "--config=" in err and "nothing.toml" in err and "cannot be read" in err
