@@ -1,4 +1,5 @@
-"""The ``composer-fn`` command: ``train`` a task with algorithms, or print the ``plan`` of a run without training."""
+"""The ``composer-fn`` command: ``train`` a task with algorithms, print the ``plan`` of a run without training,
+``profile`` a few steps, or draw a run's log as a ``report``."""
 
 from __future__ import annotations
 
@@ -148,7 +149,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     """Returns the command's parser and its subcommands' parsers by name."""
     parser = _Parser(prog="composer-fn", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    for command, text in (("train", "train a task"), ("plan", "print which algorithm runs when, without training")):
+    for command, text in (
+        ("train", "train a task"),
+        ("plan", "print which algorithm runs when, without training"),
+        ("profile", "train a few steps under the profiler; print the slowest operators and each algorithm's time"),
+    ):
         sub = commands.add_parser(command, help=text)
         sub.add_argument("--task", default="digits", choices=tuple(TASKS), help=f"one of: {', '.join(TASKS)}")
         sub.add_argument("--config", type=Path, default=None, help="a recipe file (TOML); flags override its fields")
@@ -157,34 +162,38 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         sub.add_argument("--max-duration", type=_MAX_DURATION, default="10ep", help="e.g. 10ep or 500ba")
         sub.add_argument("--batch-size", type=_POSITIVE_INT, default=None, help="task default if omitted")
         sub.add_argument("--seed", type=_SEED, default=0)
-    train = commands.choices["train"]
-    train.add_argument("--lr", type=_LEARNING_RATE, default=None, help="base learning rate (task default if omitted)")
-    train.add_argument("--optimizer", default=None, choices=OPTIMIZERS, help="task default (SGD) if omitted")
-    train.add_argument("--precision", default="fp32", choices=("fp32", "bf16-mixed", "fp16-mixed"))
-    train.add_argument("--compile", action="store_true", help="compile the step with torch.compile")
-    train.add_argument("--save-folder", type=_FOLDER, default=None)
-    train.add_argument("--load-path", type=_CHECKPOINT, default=None)
-    train.add_argument(
-        "--autoresume",
-        action="store_true",
-        help="resume from the newest checkpoint in --save-folder when there is one (rerun an interrupted job as is)",
-    )
-    train.add_argument("--log-file", type=_FILE, default=None, help="a JSON-lines file receiving every logged record")
-    train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    train.add_argument("--threads", type=_POSITIVE_INT, default=None, help="torch intra-op threads")
-    train.add_argument(
-        "--microbatch-size",
-        type=_MICROBATCH,
-        default=None,
-        help="samples per device microbatch (gradient accumulation), or auto (halve on out-of-memory)",
-    )
-    train.add_argument(
-        "--nproc",
-        type=_POSITIVE_INT,
-        default=None,
-        help="run on this many processes with torchrun (one per GPU); --batch-size is then the global batch",
-    )
-    train.add_argument("--dist-timeout", type=_TIMEOUT, default=300.0, help="seconds a collective waits (default 300)")
+    for command in ("train", "profile"):
+        train = commands.choices[command]
+        train.add_argument("--lr", type=_LEARNING_RATE, default=None, help="base learning rate (task default if omitted)")
+        train.add_argument("--optimizer", default=None, choices=OPTIMIZERS, help="task default (SGD) if omitted")
+        train.add_argument("--precision", default="fp32", choices=("fp32", "bf16-mixed", "fp16-mixed"))
+        train.add_argument("--compile", action="store_true", help="compile the step with torch.compile")
+        train.add_argument("--save-folder", type=_FOLDER, default=None)
+        train.add_argument("--load-path", type=_CHECKPOINT, default=None)
+        train.add_argument(
+            "--autoresume",
+            action="store_true",
+            help="resume from the newest checkpoint in --save-folder when there is one (rerun an interrupted job as is)",
+        )
+        train.add_argument("--log-file", type=_FILE, default=None, help="a JSON-lines file receiving every logged record")
+        train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+        train.add_argument("--threads", type=_POSITIVE_INT, default=None, help="torch intra-op threads")
+        train.add_argument(
+            "--microbatch-size",
+            type=_MICROBATCH,
+            default=None,
+            help="samples per device microbatch (gradient accumulation), or auto (halve on out-of-memory)",
+        )
+        train.add_argument(
+            "--nproc",
+            type=_POSITIVE_INT,
+            default=None,
+            help="run on this many processes with torchrun (one per GPU); --batch-size is then the global batch",
+        )
+        train.add_argument("--dist-timeout", type=_TIMEOUT, default=300.0, help="seconds a collective waits (default 300)")
+    profile = commands.choices["profile"]
+    profile.add_argument("--steps", type=_POSITIVE_INT, default=5, help="steps recorded, after one skipped and one warm-up")
+    profile.add_argument("--trace-folder", type=_FOLDER, default=Path("runs/profile"), help="where the traces go")
     report = commands.add_parser("report", help="draw a run's log (loss, held-out metric, learning rate, throughput) as a PNG")
     report.add_argument("run", type=Path, help="a run folder holding one JSON-lines log (--log-file), or the log")
     report.add_argument("--compare", type=Path, nargs="+", default=[], metavar="RUN", help="more runs, overlaid")
@@ -226,6 +235,13 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    profiler = None
+    if args.command == "profile":
+        from composer_fn.profiler import Profiler
+
+        # One step skipped, one warm-up, then the recorded ones: the run is just as long.
+        args.max_duration = Time(2 + args.steps, TimeUnit.BATCH)
+        profiler = Profiler(args.trace_folder, schedule=(1, 1, args.steps, 1))
     started = time.perf_counter()
     train, heldout = task.data(args.seed, _wants_unit_range(algorithms))
     batch_size = args.batch_size if args.batch_size is not None else task.batch_size
@@ -276,9 +292,16 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
         progress_bar=not args.no_progress,
         device_train_microbatch_size=args.microbatch_size,
         dist_timeout=args.dist_timeout,
+        profiler=profiler,
     )
     metrics = trainer.fit()
     if not main_process:
+        return 0
+    if profiler is not None:
+        from composer_fn.profiler import summarize
+
+        print(summarize(trainer.profile_traces))
+        print("traces: " + ", ".join(str(path) for path in trainer.profile_traces))
         return 0
     wall = time.perf_counter() - started
     names = ", ".join(a.name for a in algorithms) or "none"
@@ -403,10 +426,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except ValueError as error:
         commands[args.command].error(f"argument --algorithms: {error}")
-    if args.command == "train" and args.nproc is not None and "WORLD_SIZE" not in os.environ:
+    if args.command in ("train", "profile") and args.nproc is not None and "WORLD_SIZE" not in os.environ:
         return _launch(list(sys.argv[1:] if argv is None else argv), args.nproc)
     run: Callable[[argparse.Namespace, tuple[Algorithm, ...], Task], int] = (
-        _train if args.command == "train" else _plan
+        _train if args.command in ("train", "profile") else _plan
     )
     try:
         return run(args, algorithms, TASKS[args.task])

@@ -11,6 +11,7 @@ and a fifth of it documents the arguments.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import itertools
@@ -57,6 +58,7 @@ from composer_fn.core.time import Time, Timestamp, TimeUnit, to_steps
 from composer_fn.loggers.base import Logger
 from composer_fn.optim.base import GradientTransformation
 from composer_fn.optim.optimizers import sgdw
+from composer_fn.profiler import Profiler, ProfileSession, marked
 from composer_fn.trainer import distributed
 from composer_fn.trainer.checkpoint import (
     CheckpointOptions,
@@ -160,6 +162,8 @@ class Trainer:
             step runs out of device memory, halves the microbatch and retries the same batch (every process
             agrees); the size it settles on is logged. None: one microbatch.
         dist_timeout: seconds a collective waits for the other processes (torchrun runs) before failing.
+        profiler: a ``composer_fn.profiler.Profiler``: record steps with ``torch.profiler`` on its schedule, with
+            the run's own markers, into a Chrome trace per process (``profile_traces`` lists them after ``fit``).
 
     Under ``torchrun`` (``RANK``/``WORLD_SIZE`` in the environment) or in an initialised process group, each
     process trains on its share of every global batch and the gradients are summed across processes once a
@@ -205,6 +209,7 @@ class Trainer:
         grad_mode: GradMode | None = None,
         device_train_microbatch_size: int | str | None = None,
         dist_timeout: float = 300.0,
+        profiler: Profiler | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model of type {type(model).__name__}: expected a torch.nn.Module")
@@ -308,6 +313,11 @@ class Trainer:
         self.eval_interval = _interval(eval_interval, "eval_interval") if eval_dataloader is not None else None
         self.log_interval = _interval(log_interval, "log_interval")
         self.progress_bar = progress_bar and self.world.main
+        if profiler is not None and not isinstance(profiler, Profiler):
+            raise TypeError(f"profiler of type {type(profiler).__name__}: expected a composer_fn.profiler.Profiler")
+        self.profiler = profiler
+        self._profile: ProfileSession | None = None
+        self.profile_traces: list[Path] = []
         self.callbacks = _instances("callbacks", callbacks, Callback)
         self.loggers = _instances("loggers", loggers, Logger)
         self._handlers = bind_callbacks(self.callbacks)
@@ -386,6 +396,8 @@ class Trainer:
         last_timestamp, last_meta, plan = self._last_plan
         if timestamp is not last_timestamp or meta is not last_meta or plan is None:
             plan = make_plan(self.algorithms, self.passes, timestamp, meta=meta)
+            if self.profiler is not None:
+                plan = marked(plan)
             self._last_plan = (timestamp, meta, plan)
         return plan
 
@@ -495,10 +507,11 @@ class Trainer:
     def _host_event(self, event: Event, meta: BatchMeta | None = None) -> None:
         # Most events of most runs have neither a host hook nor a callback: nothing to plan or call.
         if event in self._observed:
-            plan = self._plan(self.timestamp, meta)
-            if event in plan.host:
-                self.static, self.state = run_host_event(event, plan, self.static, self.state, self.timestamp, meta)
-            self._notify(event)
+            with torch.profiler.record_function(f"event/{event.name}") if self._profile else contextlib.nullcontext():
+                plan = self._plan(self.timestamp, meta)
+                if event in plan.host:
+                    self.static, self.state = run_host_event(event, plan, self.static, self.state, self.timestamp, meta)
+                self._notify(event)
 
     def _log(self, record: dict[str, Any]) -> None:
         for logger in self.loggers:
@@ -555,6 +568,9 @@ class Trainer:
         self._window = (start, 0)
         self._unchecked = True
         reply: Progress | None = None
+        if self.profiler is not None:
+            self._profile = ProfileSession(self.profiler, self.world.rank)
+            self._profile.start()
         try:
             while True:
                 what, self.timestamp = ticks.send(reply)
@@ -571,6 +587,10 @@ class Trainer:
         finally:
             self._bar.close()
             self._batches = self._batch = None
+            if self._profile is not None:
+                self._profile.stop()
+                self.profile_traces = list(self._profile.traces)
+                self._profile = None
         self.metrics["wall_time"] = time.perf_counter() - start
         # An algorithm that stopped acting in the last steps switched off for this run.
         for at, switch, names in self._switches.due(self.timestamp.batch + _Switches.GAP):
@@ -658,6 +678,8 @@ class Trainer:
         samples, tokens = self._meta.batch_size, self._meta.tokens
         window_start, seen = self._window
         self._window = (window_start, seen + samples)
+        if self._profile is not None:
+            self._profile.step()
         return Progress(samples, tokens, time.perf_counter() - began)
 
     def _fitting_step(self, step: StepFn, plan: Plan, frozen: frozenset[str]) -> StepFn:
