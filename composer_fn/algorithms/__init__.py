@@ -25,6 +25,7 @@ from composer_fn.algorithms.selective_backprop import SelectiveBackprop
 from composer_fn.algorithms.seq_length_warmup import SeqLengthWarmup
 from composer_fn.algorithms.squeeze_excite import SqueezeExcite
 from composer_fn.algorithms.stochastic_depth import StochasticDepth
+from composer_fn.algorithms.stopping import EarlyStopper, ThresholdStopper
 from composer_fn.algorithms.swa import SWA
 from composer_fn.algorithms.weight_standardization import WeightStandardization
 
@@ -36,6 +37,7 @@ __all__ = [
     "ColOut",
     "CutMix",
     "CutOut",
+    "EarlyStopper",
     "EMA",
     "Factorize",
     "GatedLinearUnits",
@@ -55,5 +57,6 @@ __all__ = [
     "SqueezeExcite",
     "StochasticDepth",
     "SWA",
+    "ThresholdStopper",
     "WeightStandardization",
 ]

@@ -80,6 +80,10 @@ class Capabilities:
     """``lr_multiplier(schedule, steps_per_epoch=, max_steps=)`` returns the learning-rate multiplier to train
     with instead of the run's ``schedule`` (a function of the step count); folded once, when training starts."""
 
+    stops: Callable[[Any, Mapping[str, float], str], tuple[Any, bool]] | None = None
+    """Stopping: ``stops(entry, metrics, where)`` reads the metrics of a log step (``where='train'``) or an
+    evaluation (``'eval'``) and its ``State.algos`` entry; returns the new entry and whether the run ends there."""
+
 
 _NONE = Capabilities()
 

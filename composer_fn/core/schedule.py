@@ -25,13 +25,15 @@ class Action(str, Enum):
     - ``STEP``: the traced step on the batch, AFTER_DATALOADER through AFTER_OPTIMIZER_STEP;
     - ``LOG``: log the training metrics, at the log interval and after the last batch;
     - ``EVALUATE``: evaluate, at the eval interval and at the end unless just done;
-    - ``SAVE``: write a checkpoint, at the save interval and at the end unless just done.
+    - ``SAVE``: write a checkpoint, at the save interval and at the end unless just done;
+    - ``STOP``: not a tick but a reply to LOG or EVALUATE: the run ends at this batch, as at ``max_steps``.
     """
 
     STEP = "step"
     LOG = "log"
     EVALUATE = "evaluate"
     SAVE = "save"
+    STOP = "stop"
 
 
 class Progress(NamedTuple):
@@ -60,7 +62,7 @@ def run_schedule(
     final_eval: bool = False,
     final_save: bool = False,
     batch_size: int = 1,
-) -> Generator[Tick, Progress | None, Timestamp]:
+) -> Generator[Tick, Progress | Action | None, Timestamp]:
     """Yields the ticks of a run of ``max_steps`` batches from ``start``; returns the final timestamp.
 
     Intervals are in batches or epochs (None: never). With ``final_eval``/``final_save`` the run also evaluates
@@ -86,11 +88,13 @@ def run_schedule(
             done = progress if isinstance(progress, Progress) else Progress(batch_size)
             timestamp = timestamp.advance(done.samples, done.tokens, done.seconds)
             if (log_batches and timestamp.batch % log_batches == 0) or timestamp.batch == max_steps:
-                yield Action.LOG, timestamp
+                if (yield Action.LOG, timestamp) is Action.STOP:
+                    max_steps = timestamp.batch
             yield Event.BATCH_END, timestamp
             if eval_batches and timestamp.batch % eval_batches == 0:
                 evaluated = timestamp.batch
-                yield Action.EVALUATE, timestamp
+                if (yield Action.EVALUATE, timestamp) is Action.STOP:
+                    max_steps = timestamp.batch
             yield Event.BATCH_CHECKPOINT, timestamp
             if save_batches and timestamp.batch % save_batches == 0:
                 saved = timestamp.batch
@@ -100,7 +104,8 @@ def run_schedule(
         yield Event.EPOCH_END, timestamp
         if eval_epochs and (timestamp.epoch + 1) % eval_epochs == 0:
             evaluated = timestamp.batch
-            yield Action.EVALUATE, timestamp
+            if (yield Action.EVALUATE, timestamp) is Action.STOP:
+                max_steps = timestamp.batch
         timestamp = timestamp.next_epoch()
         yield Event.EPOCH_CHECKPOINT, timestamp
         if save_epochs and timestamp.epoch % save_epochs == 0:
@@ -114,7 +119,7 @@ def run_schedule(
     return timestamp
 
 
-def next_tick(ticks: Generator[Tick, Progress | None, Timestamp], reply: Progress | None) -> Tick | None:
+def next_tick(ticks: Generator[Tick, Progress | Action | None, Timestamp], reply: Progress | Action | None) -> Tick | None:
     """Returns the schedule's next tick after sending it ``reply``, or None once the run is over."""
     try:
         return ticks.send(reply)

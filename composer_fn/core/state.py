@@ -17,19 +17,8 @@ import torch.utils._pytree as pytree
 from torch import Tensor, nn
 
 __all__ = [
-    "initial_state",
-    "State",
-    "StepCtx",
-    "Static",
-    "BatchMeta",
-    "batch_meta",
-    "Precision",
-    "LossFn",
-    "ForwardFn",
-    "GradientFn",
-    "batch_get",
-    "batch_set",
-    "tree_map",
+    "initial_state", "State", "StepCtx", "Static", "BatchMeta", "batch_meta",
+    "Precision", "LossFn", "ForwardFn", "GradientFn", "batch_get", "batch_set", "tree_map",
 ]
 
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed"]

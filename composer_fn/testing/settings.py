@@ -63,6 +63,7 @@ SETTINGS: dict[str, CheckSettings] = {
     "colout": CheckSettings(stochastic=lambda a: a.p_row > 0 or a.p_col > 0),
     "cutmix": CheckSettings(stochastic=_always),
     "cutout": CheckSettings(stochastic=lambda a: a.num_holes > 0 and a.length > 0),
+    "early_stopper": CheckSettings(),
     "ema": CheckSettings(),
     "factorize": CheckSettings(A.Factorize(min_channels=8, min_features=4, latent_features=0.25)),
     # The new layers' initial values come from the key.
@@ -91,6 +92,7 @@ SETTINGS: dict[str, CheckSettings] = {
     "swa": CheckSettings(
         A.SWA(swa_start="0.3dur", swa_end="1.0dur", update_interval="1ba", schedule_swa_lr=True, swa_lr=0.5)
     ),
+    "threshold_stopper": CheckSettings(),
     "weight_standardization": CheckSettings(),
 }
 """Check settings by registered algorithm name."""

@@ -330,6 +330,7 @@ class Trainer:
             (a.name, r) for a in self.algorithms if (r := a.capabilities().input_range) is not None
         )
         self._freezing = any(a.capabilities().freezes is not None for a in self.algorithms)
+        self._stoppers = tuple((a.name, rule) for a in self.algorithms if (rule := a.capabilities().stops) is not None)
         self._observed = frozenset(self._handlers) | {e for a in self.algorithms for e in a.host_hooks()}
         self._bar: Any = None
         self._window: tuple[float, int] = (0.0, 0)
@@ -536,13 +537,13 @@ class Trainer:
         """
         self.static.module.train()
         self._log({"kind": "hparams", **hparams_of(self)})
-        actions: dict[Event | Action, Callable[[], Progress | None]] = {
+        actions: dict[Event | Action, Callable[[], Progress | Action | None]] = {
             Event.BEFORE_DATALOADER: self._next_batch,
             Event.BATCH_START: lambda: self._host_event(Event.BATCH_START, self._meta),
             Action.STEP: self._step,
             Action.LOG: self._log_train,
             Event.EPOCH_END: self._end_epoch,
-            Action.EVALUATE: self._evaluate,
+            Action.EVALUATE: self._evaluate_in_run,
             Action.SAVE: self._save,
         }
         ticks = run_schedule(
@@ -567,7 +568,7 @@ class Trainer:
         start = self._fit_start = time.perf_counter()
         self._window = (start, 0)
         self._unchecked = True
-        reply: Progress | None = None
+        reply: Progress | Action | None = None
         if self.profiler is not None:
             self._profile = ProfileSession(self.profiler, self.world.rank)
             self._profile.start()
@@ -734,7 +735,7 @@ class Trainer:
         self._batches = None
         self._host_event(Event.EPOCH_END)
 
-    def _log_train(self) -> None:
+    def _log_train(self) -> Action | None:
         step = self.timestamp.batch
         now = time.perf_counter()
         window_start, samples = self._window
@@ -760,6 +761,24 @@ class Trainer:
                 self.metrics.update(values)
         self._log(record)
         self._bar.set_postfix(loss=f"{value:.4f}", samples_s=f"{samples_per_second:,.0f}", refresh=False)
+        return self._stop("train")
+
+    def _evaluate_in_run(self) -> Action | None:
+        self._evaluate()
+        return self._stop("eval")
+
+    def _stop(self, where: str) -> Action | None:
+        # Stopping algorithms read this check's metrics (and their memory in the state); one that says so ends
+        # the run at this batch.
+        stopped_by = None
+        for name, rule in self._stoppers:
+            entry, stop = rule(self.state.algos[name], self.metrics, where)
+            self.state = self.state.with_algo(name, entry)
+            stopped_by = stopped_by or (name if stop else None)
+        if stopped_by is None:
+            return None
+        self._log({"kind": "stop", "step": self.timestamp.batch, "by": stopped_by})
+        return Action.STOP
 
     def _evaluate(self, standalone: bool = False) -> None:
         if self.eval_dataloader is None:

@@ -1,0 +1,129 @@
+"""EarlyStopper and ThresholdStopper: a run ends at the check the rule names, a resumed run where the
+uninterrupted one did, and a bad argument or an unlogged metric is refused naming it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from composer_fn import Trainer, optim
+from composer_fn import random as R
+from composer_fn.algorithms import EarlyStopper, ThresholdStopper
+from composer_fn.data import TensorLoader
+from composer_fn.loggers import InMemoryLogger
+from composer_fn.models import MLP
+
+DATA = (R.normal(R.key(0), (96, 6)), R.randint(R.key(1), 0, 3, (96,)))
+HELD_OUT = (R.normal(R.key(2), (48, 6)), R.randint(R.key(3), 0, 3, (48,)))
+
+
+def _run(*algorithms: Any, max_duration: str = "30ba", **arguments: Any) -> tuple[Trainer, list[dict[str, Any]]]:
+    memory = InMemoryLogger()
+    trainer = Trainer(
+        MLP(6, 3, hidden=(32,)),
+        TensorLoader(DATA, batch_size=8, seed=4),
+        TensorLoader(HELD_OUT, batch_size=16, shuffle=False),
+        max_duration=max_duration,
+        optimizer=optim.sgd(0.5, momentum=0.9),
+        algorithms=list(algorithms),
+        eval_interval="2ba",
+        log_interval="1ba",
+        loggers=[memory],
+        progress_bar=False,
+        **arguments,
+    )
+    trainer.fit()
+    return trainer, memory.records
+
+
+def _reference_early_stop(values: list[float], patience: int, min_delta: float, lower: bool) -> int | None:
+    # The index of the check at which ``patience`` checks in a row failed to beat the best by more than min_delta.
+    best, waited = math.nan, 0
+    for index, value in enumerate(values):
+        improved = math.isfinite(value) and (
+            math.isnan(best) or (value + min_delta < best if lower else value - min_delta > best)
+        )
+        best, waited = (value, 0) if improved else (best, waited + 1)
+        if waited >= patience:
+            return index
+    return None
+
+
+def test_early_stopping_ends_the_run_at_the_evaluation_the_rule_names() -> None:
+    _, full = _run(max_duration="60ba")
+    losses = [r["eval_loss"] for r in full if r["kind"] == "eval"]
+    stop = _reference_early_stop(losses, 2, 0.0, lower=True)
+    assert stop is not None, "the held-out loss must stop improving within the run for this test to mean anything"
+    trainer, records = _run(EarlyStopper("eval_loss", patience=2), max_duration="60ba")
+    assert trainer.timestamp.batch == 2 * (stop + 1)
+    assert [r for r in records if r["kind"] == "stop"] == [{"kind": "stop", "step": 2 * (stop + 1), "by": "early_stopper"}]
+    # What was trained until then is the unstopped run's.
+    assert [r["eval_loss"] for r in records if r["kind"] == "eval"] == losses[: stop + 1]
+
+
+def test_threshold_stopping_on_the_training_loss_ends_at_the_first_log_step_below_it() -> None:
+    _, full = _run()
+    losses = [r["loss"] for r in full if r["kind"] == "train"]
+    threshold = sorted(losses)[len(losses) // 2]
+    first = next(index for index, loss in enumerate(losses) if loss < threshold)
+    trainer, _ = _run(ThresholdStopper("loss", dataloader_label="train", threshold=threshold))
+    assert trainer.timestamp.batch == first + 1
+
+
+def test_a_resumed_run_stops_where_the_uninterrupted_one_did(tmp_path: Path) -> None:
+    stopper = EarlyStopper("eval_accuracy", patience=3, min_delta=0.01)
+    whole, _ = _run(stopper, max_duration="60ba")
+    assert whole.timestamp.batch < 60
+    _run(stopper, max_duration="60ba", save_folder=str(tmp_path), save_interval="4ba")
+    latest = sorted(tmp_path.glob("ep*-ba*.pt"), key=lambda p: int(p.stem.split("ba")[1]))
+    middle = next(path for path in latest if int(path.stem.split("ba")[1]) >= whole.timestamp.batch // 2)
+    resumed, _ = _run(stopper, max_duration="60ba", load_path=str(middle))
+    assert resumed.timestamp.batch == whole.timestamp.batch
+    assert torch.equal(resumed.state.algos["early_stopper"], whole.state.algos["early_stopper"])
+
+
+@given(
+    st.lists(st.one_of(st.floats(-5, 5), st.just(math.nan)), min_size=1, max_size=20),
+    st.integers(1, 4),
+    st.floats(0, 0.5),
+    st.booleans(),
+)
+def test_the_early_stopping_rule_is_its_definition(values: list[float], patience: int, min_delta: float, lower: bool) -> None:
+    stopper = EarlyStopper("score", comp="lt" if lower else "gt", min_delta=min_delta, patience=patience)
+    rule = stopper.capabilities().stops
+    assert rule is not None
+    entry, stopped_at = stopper.init(None, None), None  # type: ignore[arg-type]
+    for index, value in enumerate(values):
+        entry, stop = rule(entry, {"score": value}, "eval")
+        if stop:
+            stopped_at = index
+            break
+    assert stopped_at == _reference_early_stop(values, patience, min_delta, lower)
+
+
+def test_an_unlogged_metric_is_named_with_what_is_logged() -> None:
+    with pytest.raises(ValueError, match=r"EarlyStopper monitors 'eval_f1', which the run does not log .*eval_accuracy"):
+        _run(EarlyStopper("eval_f1"))
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: EarlyStopper(""), "monitor=''"),
+        (lambda: EarlyStopper(dataloader_label="test"), "dataloader_label='test' must be one of 'eval', 'train'"),
+        (lambda: EarlyStopper(comp="eq"), "comp='eq' must be one of"),
+        (lambda: EarlyStopper(patience=0), "patience=0"),
+        (lambda: EarlyStopper(min_delta=-1.0), "min_delta=-1.0"),
+        (lambda: ThresholdStopper(threshold=math.nan), "threshold=nan"),
+        (lambda: ThresholdStopper(comp=">"), "comp='>' must be one of"),
+    ],
+)
+def test_bad_arguments_are_refused_naming_them(build: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build()
