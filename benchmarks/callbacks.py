@@ -5,8 +5,8 @@ Usage: python benchmarks/callbacks.py [--rounds 5] [--threads 1]
 "on" is a Trainer with ``SpeedMonitor``, ``LRMonitor``, ``MemoryMonitor`` and ``RuntimeEstimator``, the
 console, TensorBoard and JSON-lines loggers at the default ``log_interval`` (10 batches), and the progress bar
 (written to /dev/null); "off" has none of them. ``SystemMetricsMonitor`` (it reads the operating system's disk
-and network counters) and ``NaNMonitor`` (it reads every parameter at every step) are timed alone, on rows of
-their own. Per-step time is marginal: (t(long run) − t(short run)) / the steps between, each run on a fresh
+and network counters), ``NaNMonitor`` (it reads every parameter at every step) and ``OptimizerMonitor`` (the
+step computes gradient and update norms) are timed alone, in columns of their own. Per-step time is marginal: (t(long run) − t(short run)) / the steps between, each run on a fresh
 Trainer, so start-up cancels; rounds rotate the order.
 
 Target (printed): "on" ≤ 1.03× "off" on the tiny MLP and the digits CNN.
@@ -32,6 +32,7 @@ from composer_fn.callbacks import (
     LRMonitor,
     MemoryMonitor,
     NaNMonitor,
+    OptimizerMonitor,
     RuntimeEstimator,
     SpeedMonitor,
     SystemMetricsMonitor,
@@ -47,6 +48,8 @@ def _options(config: str, folder: Path, sink: Any) -> dict[str, Any]:
         return {"callbacks": [SystemMetricsMonitor()]}
     if config == "NaNMonitor":
         return {"callbacks": [NaNMonitor()]}
+    if config == "OptimizerMonitor":
+        return {"callbacks": [OptimizerMonitor()], "log_interval": "10ba"}
     monitors = [SpeedMonitor(), LRMonitor(), MemoryMonitor(), RuntimeEstimator()]
     return {
         "callbacks": monitors,
@@ -78,7 +81,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     pin_threads(args.threads)
-    configs = ("off", "on", "SystemMetricsMonitor", "NaNMonitor")
+    configs = ("off", "on", "SystemMetricsMonitor", "NaNMonitor", "OptimizerMonitor")
     rows = []
     worst = 0.0
     with open(os.devnull, "w") as sink:

@@ -10,7 +10,7 @@ given on the command line overrides the field. Four tables say what flags cannot
   ``--lr`` overrides ``learning_rate``.
 - ``[schedule]``: ``name`` (``cosine_warmup``, ``linear_warmup``, ``constant``, ...) and its arguments.
 - ``[loggers]``: ``tensorboard = "<folder>"`` and ``console = true``; and ``callbacks``, a list among
-  ``speed``, ``lr``, ``memory``, ``runtime``, ``system`` and ``nan``.
+  ``speed``, ``lr``, ``memory``, ``runtime``, ``system``, ``nan`` and ``optimizer``.
 
 An unknown field or a bad value is an error that names the file, the field and what is accepted.
 """
@@ -44,7 +44,7 @@ SCHEDULES = {
     "exponential": "ExponentialScheduler",
     "polynomial": "PolynomialScheduler",
 }
-CALLBACKS = ("speed", "lr", "memory", "runtime", "system", "nan")
+CALLBACKS = ("speed", "lr", "memory", "runtime", "system", "nan", "optimizer")
 _TABLES = ("algorithms", "optimizer", "schedule", "loggers")
 
 
@@ -134,6 +134,7 @@ class Recipe:
             "runtime": callbacks.RuntimeEstimator,
             "system": callbacks.SystemMetricsMonitor,
             "nan": callbacks.NaNMonitor,
+            "optimizer": callbacks.OptimizerMonitor,
         }
         return [made[name]() for name in self.callbacks]
 

@@ -165,3 +165,34 @@ def test_the_console_line_shows_the_step_time_and_the_time_left() -> None:
     lines = [line for line in stream.getvalue().splitlines() if "samples/s" in line]
     assert len(lines) == 4 and all(" ms/step" in line for line in lines)
     assert all(" left" in line for line in lines[1:]) and lines[-1].endswith("| 0:00 left")
+
+
+@pytest.mark.parametrize("per_layer", [True, False])
+def test_the_optimizer_monitor_logs_gradient_and_update_norms_of_the_logged_step(per_layer: bool) -> None:
+    from composer_fn.callbacks import OptimizerMonitor
+
+    memory = InMemoryLogger()
+    model = MLP(6, 2)
+    names = [name for name, _ in model.named_parameters()]
+    Trainer(
+        model,
+        TensorLoader(DATA, batch_size=8),
+        max_duration="1ep",
+        optimizer=optim.sgd(0.1),  # plain SGD: each update is -0.1 times the gradient
+        log_interval="2ba",
+        callbacks=[OptimizerMonitor(per_layer=per_layer)],
+        loggers=[memory],
+        progress_bar=False,
+    ).fit()
+    records = [r for r in memory.records if r["kind"] == "train"]
+    assert len(records) == 2
+    for record in records:
+        norms = {name: value for name, value in record.items() if name.startswith("l2_norm/")}
+        layers = [f"l2_norm/{kind}/{name}" for kind in ("grad", "update") for name in names]
+        assert set(norms) == {"l2_norm/grad/global", "l2_norm/update/global", *(layers if per_layer else [])}
+        assert record["l2_norm/update/global"] == pytest.approx(0.1 * record["l2_norm/grad/global"], rel=1e-5)
+        if per_layer:
+            squares = sum(record[f"l2_norm/grad/{name}"] ** 2 for name in names)
+            assert record["l2_norm/grad/global"] == pytest.approx(squares**0.5, rel=1e-5)
+            for name in names:
+                assert record[f"l2_norm/update/{name}"] == pytest.approx(0.1 * record[f"l2_norm/grad/{name}"], rel=1e-5)

@@ -4,6 +4,7 @@ from composer_fn.callbacks.base import Callback, RunView
 from composer_fn.callbacks.monitors import (
     LRMonitor,
     MemoryMonitor,
+    OptimizerMonitor,
     RuntimeEstimator,
     SpeedMonitor,
     SystemMetricsMonitor,
@@ -16,6 +17,7 @@ __all__ = [
     "LRMonitor",
     "MemoryMonitor",
     "NaNMonitor",
+    "OptimizerMonitor",
     "RunView",
     "RuntimeEstimator",
     "SpeedMonitor",

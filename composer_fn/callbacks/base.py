@@ -36,6 +36,10 @@ class Callback:
     ``log_interval``), which every logger receives: per-batch methods should only take note, cheaply.
     """
 
+    step_norms: bool = False
+    """Whether the step should compute its gradient and update norms for this callback (``OptimizerMonitor``):
+    the trainer then adds them to ``RunView.metrics`` at each log step."""
+
     def log_metrics(self, view: RunView) -> Mapping[str, float]:
         """Returns numbers to add to this log step's training record (names with a ``/`` keep it)."""
         return {}

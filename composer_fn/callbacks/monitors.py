@@ -12,6 +12,9 @@ monitor costs nothing on the batches in between. Their names follow Composer's, 
   (``memory/rss_bytes``).
 - ``RuntimeEstimator``: ``time/remaining_seconds``, the run's estimated time to its end.
 - ``SystemMetricsMonitor``: ``sys/cpu_percent``, ``sys/memory_percent``, and disk and network byte counts.
+- ``OptimizerMonitor``: ``l2_norm/grad/global`` and ``l2_norm/update/global`` (the step's gradient and the change
+  it made to the parameters), and per parameter ``l2_norm/grad/<name>``, ``l2_norm/update/<name>``; the step
+  computes them only when this monitor is there.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from composer_fn.core import validate
 
 __all__ = [
     "LRMonitor",
+    "OptimizerMonitor",
     "MemoryMonitor",
     "RuntimeEstimator",
     "SpeedMonitor",
@@ -233,3 +237,24 @@ class SystemMetricsMonitor(Callback):
         if network is not None:
             counters.update(network_sent_bytes=network.bytes_sent, network_received_bytes=network.bytes_recv)
         return {name: float(value) for name, value in counters.items()}
+
+
+class OptimizerMonitor(Callback):
+    """Logs the L2 norms of the step's gradient and parameter update, over all parameters and, with
+    ``per_layer``, for each (Composer's ``OptimizerMonitor``), as of the log step's training step.
+
+    Args:
+        per_layer: also log each parameter's norms (``l2_norm/grad/<name>``).
+    """
+
+    step_norms = True
+
+    def __init__(self, per_layer: bool = True) -> None:
+        self.per_layer = validate.flag("per_layer", per_layer)
+
+    def log_metrics(self, view: RunView) -> Mapping[str, float]:
+        return {
+            name: value
+            for name, value in view.metrics.items()
+            if name.startswith("l2_norm/") and (self.per_layer or name.endswith("/global"))
+        }

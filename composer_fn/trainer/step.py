@@ -199,10 +199,12 @@ def make_train_step(
     reduce: Reduce | None = None,
     overlap: Callable[[Sequence[Tensor]], Summing] | None = None,
     guard_failures: bool = False,
+    norms: bool = False,
 ) -> StepFn:
     """Returns the training step: the plan's traced events around a functional gradient and ``tx``'s update.
 
-    The step returns the new state and ``{"loss": loss}`` (detached). It runs, in order: AFTER_DATALOADER,
+    The step returns the new state and ``{"loss": loss}`` (detached); with ``norms``, also the L2 norms of each
+    parameter's gradient and update and over all of them (``l2_norm/grad/<name>``, ``l2_norm/update/global``). It runs, in order: AFTER_DATALOADER,
     BEFORE_TRAIN_BATCH, BEFORE_FORWARD, the forward, AFTER_FORWARD, BEFORE_LOSS, the loss, AFTER_LOSS,
     BEFORE_BACKWARD, the gradient, AFTER_BACKWARD, AFTER_TRAIN_BATCH, the update, AFTER_OPTIMIZER_STEP.
     Hooks find the model as a pure function in ``ctx.forward``, per-sample losses in
@@ -244,7 +246,7 @@ def make_train_step(
     forward_with = functools.partial(_forward, static, slots)
     update = functools.partial(_optimize, tx, donate=donate, frozen=frozen)
     microbatched = microbatch_size is not None or reduce is not None
-    if grad_mode == "autograd" and not plan.hooks and not microbatched:
+    if grad_mode == "autograd" and not plan.hooks and not microbatched and not norms:
         return make_plain_step(
             forward_with,
             loss_fn,
@@ -355,6 +357,7 @@ def make_train_step(
         assert ctx.grads is not None
         if scaler is not None:
             finite = scaler.finite(ctx.grads) if finite is None else finite & scaler.finite(ctx.grads)
+        before = {name: state.params[name].detach().clone() for name in ctx.grads} if norms else {}
         params, opt = update(ctx.grads, state.opt, state.params, finite)
         state = state.replace(params=params, opt=opt, step=state.step + 1)
         if scaler is not None:
@@ -362,7 +365,9 @@ def make_train_step(
             state = state.replace(hparams=scaler.update(state.hparams, finite))
         state, ctx = run_event(Event.AFTER_OPTIMIZER_STEP, plan, state, ctx)
         assert ctx.loss is not None
-        return state, {"loss": ctx.loss}
+        if not norms or ctx.grads is None:
+            return state, {"loss": ctx.loss}
+        return state, {"loss": ctx.loss, **_norms(ctx.grads, before, state.params)}
 
     if microbatched:
         return microbatched_step(
@@ -388,6 +393,20 @@ def make_train_step(
         return finish(state, ctx)
 
     return train_step
+
+
+def _norms(grads: Mapping[str, Tensor], before: Mapping[str, Tensor], after: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    # L2 norms of each parameter's gradient and update, and over all of them (OptimizerMonitor asks for them).
+    names = list(grads)
+    norms = {}
+    for kind, tensors in (
+        ("grad", [grads[n].detach() for n in names]),
+        ("update", torch._foreach_sub([after[n].detach() for n in names], [before[n] for n in names])),
+    ):
+        each = list(torch._foreach_norm(tensors)) if tensors else []
+        norms.update({f"l2_norm/{kind}/{name}": norm for name, norm in zip(names, each, strict=True)})
+        norms[f"l2_norm/{kind}/global"] = torch.linalg.vector_norm(torch.stack(each)) if each else torch.zeros(())
+    return norms
 
 
 def _announcer(ready: Callable[[str, Tensor], None], name: str) -> Callable[[Tensor], None]:

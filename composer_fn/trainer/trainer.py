@@ -322,6 +322,8 @@ class Trainer:
         self.loggers = _instances("loggers", loggers, Logger)
         self._handlers = bind_callbacks(self.callbacks)
         self._log_handlers = logging_callbacks(self.callbacks)
+        self._step_norms = any(c.step_norms for c in self.callbacks)
+        self._norms: dict[str, Tensor] = {}
         self.compiles = 0
         self.metrics: dict[str, float] = {}
         self._steps: dict[Any, StepFn] = {}
@@ -430,6 +432,7 @@ class Trainer:
                 reduce=distributed.all_reduce_sum if self.world.size > 1 else None,
                 overlap=distributed.Summation if self.world.size > 1 else None,
                 guard_failures=self._auto_microbatch and self.world.size > 1,
+                norms=self._step_norms,
             )
             if self.compile:
                 step = compile_step(step, self._counting_backend())
@@ -673,6 +676,8 @@ class Trainer:
             except RuntimeError as error:
                 raise distributed.explained(error, self.world, self.timestamp.batch) from error
             self._loss = outputs["loss"]
+            if self._step_norms:
+                self._norms = {name: value for name, value in outputs.items() if name.startswith("l2_norm/")}
         self._batch = None
         if self.progress_bar:
             self._bar.update(1)
@@ -703,6 +708,8 @@ class Trainer:
                 failed = not math.isfinite(float(outputs["samples"]))
             if not failed and outputs is not None:
                 self.state, self._loss = state, outputs["loss"]
+                if self._step_norms:
+                    self._norms = {name: value for name, value in outputs.items() if name.startswith("l2_norm/")}
                 return step
             current = self.device_train_microbatch_size or self._rank_batch or 1
             if current <= 1:
@@ -753,6 +760,8 @@ class Trainer:
             "samples_per_second": samples_per_second,
             "wall_time": now - self._fit_start,
         }
+        if self._norms:
+            self.metrics.update({name: float(value) for name, value in self._norms.items()})
         if self._log_handlers:
             view = self._view(Event.BATCH_END)
             for handler in self._log_handlers:
