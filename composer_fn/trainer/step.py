@@ -490,23 +490,29 @@ def _detach(outputs: Any) -> Any:
 
 
 def make_eval_step(
-    static: Static, plan: Plan, *, input_key: int | str = 0
+    static: Static, plan: Plan, *, input_key: int | str = 0, predict: bool = False
 ) -> Callable[[State, Any], Tensor]:
-    """Returns the evaluation step ``(state, batch) -> outputs`` running EVAL_BEFORE/AFTER_FORWARD around it.
+    """Returns the evaluation step ``(state, batch) -> outputs`` running EVAL_BEFORE/AFTER_FORWARD around it
+    (with ``predict``, PREDICT_BEFORE/AFTER_FORWARD).
 
     The module's train/eval mode is the caller's (the trainer puts it in eval mode first).
     """
 
     keyed = bool(plan.hooks)
+    before, after = (
+        (Event.PREDICT_BEFORE_FORWARD, Event.PREDICT_AFTER_FORWARD)
+        if predict
+        else (Event.EVAL_BEFORE_FORWARD, Event.EVAL_AFTER_FORWARD)
+    )
 
     def eval_step(state: State, batch: Any) -> Tensor:
         ctx = StepCtx(batch=batch, key=_step_key(state, keyed), loss_fn=_no_loss)
-        state, ctx = run_event(Event.EVAL_BEFORE_FORWARD, plan, state, ctx)
+        state, ctx = run_event(before, plan, state, ctx)
         with torch.no_grad(), precision_context(static):
             outputs = functional_call(
                 static.module, (dict(state.params), dict(state.buffers)), (batch_get(ctx.batch, input_key),)
             )
-        state, ctx = run_event(Event.EVAL_AFTER_FORWARD, plan, state, ctx.replace(outputs=outputs))
+        state, ctx = run_event(after, plan, state, ctx.replace(outputs=outputs))
         result: Tensor = ctx.outputs
         return result
 

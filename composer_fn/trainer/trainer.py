@@ -439,11 +439,11 @@ class Trainer:
             self._steps[cache_key] = step
         return step
 
-    def _eval_step(self, plan: Plan) -> Callable[[State, Any], Tensor]:
-        cache_key = (self.static, plan.step_key)
+    def _eval_step(self, plan: Plan, predict: bool = False) -> Callable[[State, Any], Tensor]:
+        cache_key = (self.static, plan.step_key, predict)
         step = self._eval_steps.get(cache_key)
         if step is None:
-            step = make_eval_step(self.static, plan, input_key=self.input_key)
+            step = make_eval_step(self.static, plan, input_key=self.input_key, predict=predict)
             if self.compile:
                 step = compile_step(step, self._counting_backend())
             self._eval_steps[cache_key] = step
@@ -826,6 +826,33 @@ class Trainer:
             raise ValueError("eval() needs an eval_dataloader; none was given to the Trainer")
         self._evaluate(standalone=True)
         return {name: self.metrics[name] for name in ("eval_accuracy", "eval_loss")}
+
+    def predict(self, dataloader: Iterable[Any]) -> list[Any]:
+        """Returns the model's outputs on each batch of ``dataloader``, in order (eval mode, no gradient, the
+        run's precision; on the host's CPU when the model is on another device), running the PREDICT events.
+        Batches are as in training (the input at ``input_key``), or input tensors alone.
+
+        Under several processes each returns the outputs of the batches its own loader gives it.
+        """
+        if not isinstance(dataloader, Iterable):
+            raise TypeError(f"dataloader of type {type(dataloader).__name__}: expected an iterable of batches")
+        module = self.static.module
+        module.eval()
+        outputs: list[Any] = []
+        try:
+            self._host_event(Event.PREDICT_START)
+            step = self._eval_step(self._plan(self.timestamp), predict=True)
+            for batch in map(self._to_device, dataloader):
+                # A batch of inputs alone is the loader's whole batch, not a tuple to index.
+                batch = (batch,) if isinstance(batch, Tensor) else batch
+                self._host_event(Event.PREDICT_BATCH_START)
+                result = step(self.state, batch)
+                outputs.append(pytree.tree_map(lambda t: t.detach().cpu() if isinstance(t, Tensor) else t, result))
+                self._host_event(Event.PREDICT_BATCH_END)
+            self._host_event(Event.PREDICT_END)
+        finally:
+            module.train()
+        return outputs
 
     def _save(self) -> None:
         assert self.save_folder is not None

@@ -304,3 +304,37 @@ def test_resuming_with_optimization_side_algorithms_equals_the_uninterrupted_run
     again, spec_again = pytree.tree_flatten(resumed.state)
     assert spec == spec_again
     assert all(torch.equal(a, b) for a, b in zip(finished, again, strict=True))
+
+
+def test_predict_returns_the_models_outputs_batch_by_batch_in_eval_mode() -> None:
+    from torch.func import functional_call
+
+    from composer_fn import random as R
+    from composer_fn.callbacks.base import RunView
+
+    seen: list[str] = []
+
+    class Events(Callback):
+        def predict_start(self, view: RunView) -> None:
+            seen.append("start")
+
+        def predict_batch_end(self, view: RunView) -> None:
+            seen.append("batch")
+
+        def predict_end(self, view: RunView) -> None:
+            seen.append("end")
+
+    images = R.normal(R.key(4), (20, 1, 8, 8))
+    labels = R.randint(R.key(5), 0, 4, (20,))
+    model = SmallCNN(1, 4, width=4)
+    trainer = Trainer(model, TensorLoader((images, labels), 8), max_duration="3ba", callbacks=[Events()], progress_bar=False)
+    trainer.fit()
+    by_tuples = trainer.predict(TensorLoader((images, labels), 8, shuffle=False))
+    by_tensors = trainer.predict([images[:8], images[8:16], images[16:]])
+    assert [o.shape for o in by_tuples] == [(8, 4), (8, 4), (4, 4)]
+    assert trainer.static.module.training  # back in training mode
+    model.eval()
+    expected = functional_call(model, ({**trainer.state.params, **trainer.state.buffers},), (images,))
+    assert torch.allclose(torch.cat(by_tuples), expected, atol=1e-6)
+    assert all(torch.equal(a, b) for a, b in zip(by_tuples, by_tensors, strict=True))
+    assert seen == ["start", "batch", "batch", "batch", "end"] * 2
