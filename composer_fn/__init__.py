@@ -35,11 +35,13 @@ if TYPE_CHECKING:
     from composer_fn.core.time import Timestamp as Timestamp
     from composer_fn.core.time import TimeUnit as TimeUnit
     from composer_fn.dry_run import dry_run as dry_run
+    from composer_fn.trainer import Evaluator as Evaluator
     from composer_fn.trainer import Trainer as Trainer
 
 # public name: the module that defines it
 _ORIGINS: dict[str, str] = {
     "Algorithm": "composer_fn.core.algorithm",
+    "Evaluator": "composer_fn.trainer",
     "Event": "composer_fn.core.event",
     "State": "composer_fn.core.state",
     "Static": "composer_fn.core.state",
@@ -63,6 +65,7 @@ _MODULES: dict[str, str] = {
 
 _NAMES = (
     "Algorithm",
+    "Evaluator",
     "Event",
     "State",
     "Static",

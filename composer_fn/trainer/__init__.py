@@ -3,7 +3,8 @@
 # Registers every algorithm: a checkpoint names the surgeries it records, and resuming rebuilds them by name.
 import composer_fn.algorithms  # noqa: F401
 from composer_fn.trainer.checkpoint import load_checkpoint, save_checkpoint
+from composer_fn.trainer.evaluator import Evaluator
 from composer_fn.trainer.step import cross_entropy_loss, make_eval_step, make_train_step
 from composer_fn.trainer.trainer import Trainer
 
-__all__ = ["Trainer", "cross_entropy_loss", "load_checkpoint", "make_eval_step", "make_train_step", "save_checkpoint"]
+__all__ = ["Evaluator", "Trainer", "cross_entropy_loss", "load_checkpoint", "make_eval_step", "make_train_step", "save_checkpoint"]

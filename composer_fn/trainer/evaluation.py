@@ -14,7 +14,7 @@ from composer_fn.core.state import LossFn, State, batch_get
 from composer_fn.trainer.microbatch import Reduce
 from composer_fn.trainer.step import class_last
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "measure"]
 
 
 def evaluate(
@@ -71,3 +71,41 @@ def evaluate(
         "eval_accuracy": correct_count / labelled_count if labelled_count else 0.0,
         "eval_loss": math.fsum(weighted) / sample_count,
     }
+
+
+def measure(
+    step: Callable[[State, Any], Tensor],
+    state: State,
+    batches: Iterable[Any],
+    evaluator: Any,
+    *,
+    target_key: int | str,
+    on_event: Callable[[Event], None],
+) -> dict[str, float]:
+    """Returns ``evaluator``'s torchmetrics metrics of ``state``, as ``eval/<label>/<name>``.
+
+    Each metric is reset, updated with ``(outputs, targets)`` on every non-empty batch (on the outputs' device)
+    and computed; torchmetrics sums its states across processes when a process group is up.
+    """
+    metrics = dict(evaluator.metrics)
+    for metric in metrics.values():
+        metric.reset()
+    for batch in batches:
+        on_event(Event.EVAL_BATCH_START)
+        target = batch_get(batch, target_key)
+        if target.shape[0]:
+            outputs = step(state, batch)
+            for metric in metrics.values():
+                metric.to(outputs.device).update(outputs, target)
+        on_event(Event.EVAL_BATCH_END)
+    results = {}
+    for name, metric in metrics.items():
+        value = metric.compute()
+        if not isinstance(value, Tensor) or value.numel() != 1:
+            raise ValueError(
+                f"evaluator {evaluator.label!r}: metric {name!r} computes {type(value).__name__} "
+                f"{tuple(value.shape) if isinstance(value, Tensor) else ''}: expected one number (a per-class metric "
+                "needs average='macro' or 'micro')"
+            )
+        results[f"eval/{evaluator.label}/{name}"] = float(value)
+    return results

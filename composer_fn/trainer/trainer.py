@@ -71,7 +71,8 @@ from composer_fn.trainer.checkpoint import (
     save_checkpoint,
     with_recorded_surgeries,
 )
-from composer_fn.trainer.evaluation import evaluate
+from composer_fn.trainer.evaluation import evaluate, measure
+from composer_fn.trainer.evaluator import Evaluator
 from composer_fn.trainer.learning_rate import learning_rate
 from composer_fn.trainer.loss_scale import DynamicLossScale
 from composer_fn.trainer.microbatch import failed_contribution, norm_statistics
@@ -122,7 +123,9 @@ class Trainer:
             with ``set_epoch(epoch)`` (``composer_fn.data.TensorLoader``, ``DistributedSampler``-backed loaders)
             is told each epoch; with ``iter_from(epoch, batch)`` a resumed run starts mid-epoch without
             replaying batches.
-        eval_dataloader: batches to evaluate on at ``eval_interval`` and at the end.
+        eval_dataloader: batches to evaluate on at ``eval_interval`` and at the end (metrics ``eval_accuracy`` and
+            ``eval_loss``); or one or more ``Evaluator``s, each with its label, loader and metrics (torchmetrics),
+            logged as ``eval/<label>/<metric>``.
         max_duration: how long to train: ``'10ep'``, ``'500ba'`` or an int number of epochs.
         optimizer: a gradient transformation (``composer_fn.optim.sgd(...)``); default ``sgdw(0.1)``.
         schedule: a learning-rate multiplier schedule (``composer_fn.optim.CosineAnnealingScheduler()``).
@@ -176,7 +179,7 @@ class Trainer:
         self,
         model: nn.Module,
         train_dataloader: Iterable[Any],
-        eval_dataloader: Iterable[Any] | None = None,
+        eval_dataloader: Iterable[Any] | Evaluator | Sequence[Evaluator] | None = None,
         *,
         max_duration: str | int | Time,
         optimizer: GradientTransformation | None = None,
@@ -217,7 +220,11 @@ class Trainer:
             raise ValueError(f"precision={precision!r} must be one of {', '.join(PRECISIONS)}")
         if not hasattr(train_dataloader, "__len__"):
             raise TypeError("train_dataloader must have a length (batches per epoch) to schedule epochs")
-        for argument, loader in (("train_dataloader", train_dataloader), ("eval_dataloader", eval_dataloader)):
+        evaluators = _evaluators(eval_dataloader)
+        loaders = [("train_dataloader", train_dataloader)] + [
+            (f"eval_dataloader ({e.label})" if e.label else "eval_dataloader", e.dataloader) for e in evaluators
+        ]
+        for argument, loader in loaders:
             if isinstance(loader, Iterator):
                 raise TypeError(
                     f"{argument} is a one-shot iterator ({type(loader).__name__}), empty after its first pass; pass "
@@ -229,7 +236,8 @@ class Trainer:
         target_device = _device(device if device is not None else distributed.local_device(None))
         self.world = distributed.setup(target_device, dist_timeout)
         distributed.check_loader(train_dataloader, "train_dataloader", self.world)
-        distributed.check_loader(eval_dataloader, "eval_dataloader", self.world, evaluation=True)
+        for argument, loader in loaders[1:]:
+            distributed.check_loader(loader, argument, self.world, evaluation=True)
         self._auto_microbatch = device_train_microbatch_size == "auto"
         self.device_train_microbatch_size = (
             None
@@ -261,6 +269,7 @@ class Trainer:
                 )
         self.passes = tuple(passes)
         self.train_dataloader = train_dataloader
+        self.evaluators = evaluators
         self.eval_dataloader = eval_dataloader
         self.steps_per_epoch = len(train_dataloader)  # type: ignore[arg-type]
         if self.steps_per_epoch < 1:
@@ -310,7 +319,7 @@ class Trainer:
             if self.world.main:
                 remove_stale_temporaries(self.save_folder)
         self.save_interval = _interval(save_interval, "save_interval") if save_folder is not None else None
-        self.eval_interval = _interval(eval_interval, "eval_interval") if eval_dataloader is not None else None
+        self.eval_interval = _interval(eval_interval, "eval_interval") if evaluators else None
         self.log_interval = _interval(log_interval, "log_interval")
         self.progress_bar = progress_bar and self.world.main
         if profiler is not None and not isinstance(profiler, Profiler):
@@ -556,7 +565,7 @@ class Trainer:
             eval_interval=self.eval_interval,
             save_interval=self.save_interval,
             log_interval=self.log_interval,
-            final_eval=self.eval_dataloader is not None,
+            final_eval=bool(self.evaluators),
             final_save=self.save_folder is not None,
         )
         self._bar = tqdm(
@@ -789,43 +798,56 @@ class Trainer:
         self._log({"kind": "stop", "step": self.timestamp.batch, "by": stopped_by})
         return Action.STOP
 
-    def _evaluate(self, standalone: bool = False) -> None:
-        if self.eval_dataloader is None:
-            return
+    def _evaluate(self, standalone: bool = False) -> dict[str, float]:
+        if not self.evaluators:
+            return {}
         module = self.static.module
         module.eval()
         plan = self._plan(self.timestamp)
         opening = Event.EVAL_STANDALONE_START if standalone else Event.EVAL_BEFORE_ALL
         self._host_event(opening)
-        self._host_event(Event.EVAL_START)
+        results: dict[str, float] = {}
         try:
-            results = evaluate(
-                self._eval_step(plan),
-                self.state,
-                map(self._to_device, self.eval_dataloader),
-                loss_fn=self.loss_fn,
-                target_key=self.target_key,
-                input_key=self.input_key,
-                device=self.static.device,
-                on_event=self._host_event,
-                reduce=distributed.all_reduce_sum if self.world.size > 1 else None,
-                gather=self.world.gather if self.world.size > 1 else None,
-            )
+            for evaluator in self.evaluators:
+                self._host_event(Event.EVAL_START)
+                results.update(self._evaluate_one(evaluator, self._eval_step(plan)))
+                self._host_event(Event.EVAL_END)
         finally:
             module.train()
         self.metrics.update(results, eval_step=self.timestamp.batch)
         wall_time = time.perf_counter() - self._fit_start
         self._log({"kind": "eval", "step": self.timestamp.batch, "epoch": self.timestamp.epoch, "wall_time": wall_time, **results})
-        self._host_event(Event.EVAL_END)
         closing = Event.EVAL_STANDALONE_END if standalone else Event.EVAL_AFTER_ALL
         self._host_event(closing)
+        return results
+
+    def _evaluate_one(self, evaluator: Evaluator, step: Callable[[State, Any], Tensor]) -> dict[str, float]:
+        batches = map(self._to_device, itertools.islice(evaluator.dataloader, evaluator.subset_num_batches))
+        if evaluator.metrics is not None:
+            return measure(
+                step, self.state, batches, evaluator, target_key=self.target_key, on_event=self._host_event
+            )
+        results = evaluate(
+            step,
+            self.state,
+            batches,
+            loss_fn=self.loss_fn,
+            target_key=self.target_key,
+            input_key=self.input_key,
+            device=self.static.device,
+            on_event=self._host_event,
+            reduce=distributed.all_reduce_sum if self.world.size > 1 else None,
+            gather=self.world.gather if self.world.size > 1 else None,
+        )
+        if not evaluator.label:
+            return results
+        return {f"eval/{evaluator.label}/{name.removeprefix('eval_')}": value for name, value in results.items()}
 
     def eval(self) -> dict[str, float]:
-        """Returns the evaluation metrics (accuracy, loss) of the current state on ``eval_dataloader``."""
-        if self.eval_dataloader is None:
+        """Returns the evaluation metrics of the current state on every evaluator (``eval_dataloader``)."""
+        if not self.evaluators:
             raise ValueError("eval() needs an eval_dataloader; none was given to the Trainer")
-        self._evaluate(standalone=True)
-        return {name: self.metrics[name] for name in ("eval_accuracy", "eval_loss")}
+        return self._evaluate(standalone=True)
 
     def predict(self, dataloader: Iterable[Any]) -> list[Any]:
         """Returns the model's outputs on each batch of ``dataloader``, in order (eval mode, no gradient, the
@@ -979,6 +1001,30 @@ def _device(device: str | torch.device | None) -> torch.device:
         return torch.device(device)
     except (RuntimeError, TypeError) as error:
         raise ValueError(f"device={device!r} is not a device ('cpu', 'cuda', 'cuda:1', ...): {error}") from None
+
+
+def _evaluators(eval_dataloader: Any) -> tuple[Evaluator, ...]:
+    # A plain loader is the unnamed evaluator of the run (metrics eval_accuracy, eval_loss).
+    if eval_dataloader is None:
+        return ()
+    if isinstance(eval_dataloader, Evaluator):
+        return (eval_dataloader,)
+    if isinstance(eval_dataloader, list | tuple) and eval_dataloader and all(isinstance(e, Evaluator) for e in eval_dataloader):
+        labels = [e.label for e in eval_dataloader]
+        repeated = sorted({label for label in labels if labels.count(label) > 1})
+        if repeated:
+            raise ValueError(f"eval_dataloader names the evaluator label {repeated[0]!r} twice: expected one label each")
+        return tuple(eval_dataloader)
+    if isinstance(eval_dataloader, list | tuple) and any(isinstance(e, Evaluator) for e in eval_dataloader):
+        raise TypeError("eval_dataloader mixes Evaluators with other items: expected a loader, or Evaluators only")
+    return (_unnamed(eval_dataloader),)
+
+
+def _unnamed(loader: Any) -> Evaluator:
+    evaluator = object.__new__(Evaluator)
+    for name, value in (("label", ""), ("dataloader", loader), ("metrics", None), ("subset_num_batches", None)):
+        object.__setattr__(evaluator, name, value)
+    return evaluator
 
 
 class _Switches:
