@@ -73,7 +73,13 @@ def _series(records: Sequence[dict[str, Any]], x: str, y: str) -> tuple[list[flo
 
 
 def _held_out(runs: Sequence[Run]) -> str:
-    return "eval_accuracy" if any("eval_accuracy" in r for run in runs for r in run.eval) else "eval_loss"
+    # The held-out accuracy when logged (a named evaluator's too), else the first held-out metric logged.
+    logged = [name for run in runs for r in run.eval for name in r if name.startswith("eval")]
+    for wanted in ("eval_accuracy", "/accuracy", "eval_loss"):
+        found = next((name for name in logged if name == wanted or name.endswith(wanted)), None)
+        if found is not None:
+            return found
+    return logged[0] if logged else "eval_accuracy"
 
 
 def write_report(
@@ -102,10 +108,10 @@ def write_report(
     rate = "lr" if all(any("lr" in r for r in run.train) for run in read) else "lr_multiplier"
     panels = (
         (axes[0][0], "train", "step", "loss", "training loss"),
-        (axes[0][1], "eval", "step", held_out, f"held-out {held_out.removeprefix('eval_')}"),
+        (axes[0][1], "eval", "step", held_out, f"held-out {_title(held_out)}"),
         (axes[0][2], "train", "step", rate, "learning rate" if rate == "lr" else "learning-rate multiplier"),
         (axes[1][0], "train", "wall_time", "loss", "training loss"),
-        (axes[1][1], "eval", "wall_time", held_out, f"held-out {held_out.removeprefix('eval_')}"),
+        (axes[1][1], "eval", "wall_time", held_out, f"held-out {_title(held_out)}"),
         (axes[1][2], "train", "step", "samples_per_second", "throughput (samples/s)"),
     )
     colours = [f"C{i % 10}" for i in range(len(read))]
@@ -124,6 +130,14 @@ def write_report(
     target.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(target, dpi=DPI)
     return target
+
+
+def _title(metric: str) -> str:
+    # eval_accuracy -> accuracy; eval/val/f1 -> f1 (val)
+    if metric.startswith("eval/"):
+        _, label, name = metric.split("/", 2)
+        return f"{name} ({label})"
+    return metric.removeprefix("eval_")
 
 
 def _mark_switches(ax: Any, run: Run, colour: str) -> None:

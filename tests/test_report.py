@@ -125,3 +125,16 @@ def test_the_command_says_what_is_wrong_in_one_line(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "does not exist" in done.stderr
+
+
+def test_a_named_evaluators_metric_is_drawn_when_there_is_no_plain_accuracy(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    records = [
+        {"kind": "train", "step": 1, "loss": 1.0, "wall_time": 0.1, "samples_per_second": 10.0, "lr_multiplier": 1.0},
+        {"kind": "eval", "step": 1, "wall_time": 0.2, "eval/val/f1": 0.5, "eval/val/loss": 0.9},
+    ]
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    from composer_fn.report import _held_out
+
+    assert _held_out([read_run(log)]) == "eval/val/f1"  # no accuracy, no plain loss: the first logged
+    assert imread(write_report([log])).shape[:2] == (HEIGHT * DPI, WIDTH * DPI)

@@ -22,12 +22,16 @@ class Evaluator:
             computed at the end (across processes as torchmetrics syncs them); None: the exact accuracy and
             loss of classification (``eval/<label>/accuracy``, ``eval/<label>/loss``).
         subset_num_batches: evaluate on the first this many batches only; None: all.
+        eval_interval: how often this evaluator runs (``'2ep'``, ``'500ba'``), a multiple of the trainer's
+            ``eval_interval`` in the same unit; None: at each of the trainer's evaluations. Every evaluator runs
+            at the end of the run.
     """
 
     label: str
     dataloader: Any
     metrics: Mapping[str, Any] | None = field(default=None, hash=False)
     subset_num_batches: int | None = None
+    eval_interval: str | int | None = None
 
     def __post_init__(self) -> None:
         allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")

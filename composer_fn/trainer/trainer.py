@@ -320,6 +320,7 @@ class Trainer:
                 remove_stale_temporaries(self.save_folder)
         self.save_interval = _interval(save_interval, "save_interval") if save_folder is not None else None
         self.eval_interval = _interval(eval_interval, "eval_interval") if evaluators else None
+        self._every = {e.label: _every(e, self.eval_interval) for e in evaluators}
         self.log_interval = _interval(log_interval, "log_interval")
         self.progress_bar = progress_bar and self.world.main
         if profiler is not None and not isinstance(profiler, Profiler):
@@ -782,8 +783,8 @@ class Trainer:
         return self._stop("train")
 
     def _evaluate_in_run(self) -> Action | None:
-        self._evaluate()
-        return self._stop("eval")
+        # Stoppers check an evaluation that measured something (not one whose evaluators were all off).
+        return self._stop("eval") if self._evaluate() else None
 
     def _stop(self, where: str) -> Action | None:
         # Stopping algorithms read this check's metrics (and their memory in the state); one that says so ends
@@ -809,17 +810,31 @@ class Trainer:
         results: dict[str, float] = {}
         try:
             for evaluator in self.evaluators:
+                if not (standalone or self._due(evaluator)):
+                    continue
                 self._host_event(Event.EVAL_START)
                 results.update(self._evaluate_one(evaluator, self._eval_step(plan)))
                 self._host_event(Event.EVAL_END)
         finally:
             module.train()
+        if not results:
+            return results
         self.metrics.update(results, eval_step=self.timestamp.batch)
         wall_time = time.perf_counter() - self._fit_start
         self._log({"kind": "eval", "step": self.timestamp.batch, "epoch": self.timestamp.epoch, "wall_time": wall_time, **results})
         closing = Event.EVAL_STANDALONE_END if standalone else Event.EVAL_AFTER_ALL
         self._host_event(closing)
         return results
+
+    def _due(self, evaluator: Evaluator) -> bool:
+        # An evaluator with an interval of its own runs at every that many of the trainer's evaluations, and last.
+        every = self._every[evaluator.label]
+        if every == 1 or self.timestamp.batch >= self.max_steps or self.eval_interval is None:
+            return True
+        unit = self.eval_interval.unit
+        # Epoch evaluations come at an epoch's end, before the timestamp moves to the next one.
+        count = self.timestamp.batch if unit is TimeUnit.BATCH else self.timestamp.epoch + 1
+        return (count // int(self.eval_interval.value)) % every == 0
 
     def _evaluate_one(self, evaluator: Evaluator, step: Callable[[State, Any], Tensor]) -> dict[str, float]:
         batches = map(self._to_device, itertools.islice(evaluator.dataloader, evaluator.subset_num_batches))
@@ -1020,9 +1035,23 @@ def _evaluators(eval_dataloader: Any) -> tuple[Evaluator, ...]:
     return (_unnamed(eval_dataloader),)
 
 
+def _every(evaluator: Evaluator, interval: Time | None) -> int:
+    # How many of the trainer's evaluations one of this evaluator's spans.
+    if evaluator.eval_interval is None or interval is None:
+        return 1
+    own = _epochs_or_batches(evaluator.eval_interval, f"Evaluator({evaluator.label!r}).eval_interval", "2ep")
+    if own.unit is not interval.unit or own.value % interval.value:
+        raise ValueError(
+            f"Evaluator({evaluator.label!r}).eval_interval={evaluator.eval_interval!r}: expected a multiple of the "
+            f"trainer's eval_interval={interval} in the same unit"
+        )
+    return int(own.value // interval.value)
+
+
 def _unnamed(loader: Any) -> Evaluator:
     evaluator = object.__new__(Evaluator)
-    for name, value in (("label", ""), ("dataloader", loader), ("metrics", None), ("subset_num_batches", None)):
+    fields = (("label", ""), ("dataloader", loader), ("metrics", None), ("subset_num_batches", None), ("eval_interval", None))
+    for name, value in fields:
         object.__setattr__(evaluator, name, value)
     return evaluator
 

@@ -26,10 +26,9 @@ def _trainer(eval_dataloader: Any, **arguments: Any) -> Trainer:
         MLP(6, 3),
         TensorLoader(DATA, batch_size=8),
         eval_dataloader,
-        max_duration="2ep",
         optimizer=optim.sgd(0.1),
         progress_bar=False,
-        **arguments,
+        **{"max_duration": "2ep", **arguments},
     )
 
 
@@ -100,3 +99,20 @@ def test_a_per_class_metric_asks_for_an_average() -> None:
     trainer = _trainer(Evaluator("val", TensorLoader(HELD_OUT, 16), {"f1": MulticlassF1Score(3, average=None)}))
     with pytest.raises(ValueError, match=r"metric 'f1' computes Tensor \(3,\): expected one number"):
         trainer.fit()
+
+
+def test_an_evaluator_with_its_own_interval_runs_at_every_such_evaluation_and_at_the_end() -> None:
+    memory = InMemoryLogger()
+    loader = TensorLoader(HELD_OUT, 16, shuffle=False)
+    trainer = _trainer(
+        [Evaluator("often", loader), Evaluator("rare", loader, eval_interval="3ba")],
+        eval_interval="1ba",
+        max_duration="10ba",
+        loggers=[memory],
+    )
+    trainer.fit()
+    records = [r for r in memory.records if r["kind"] == "eval"]
+    assert [r["step"] for r in records] == list(range(1, 11))
+    assert [r["step"] for r in records if "eval/rare/accuracy" in r] == [3, 6, 9, 10]
+    with pytest.raises(ValueError, match=r"Evaluator\('rare'\).eval_interval='1ep': expected a multiple"):
+        _trainer([Evaluator("rare", loader, eval_interval="1ep")], eval_interval="2ba")
