@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from composer_fn.core import validate
 from composer_fn.core.time import Time, TimeUnit
@@ -266,7 +266,9 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
     # Under torchrun the batch is global: each process takes its share, and the run equals one process's run with
     # --microbatch-size of that share.
     loader = TensorLoader(train, batch_size // world_size, shuffle=True, seed=args.seed)
-    eval_loader = TensorLoader(heldout, 512, shuffle=False)
+    eval_loader: Any = TensorLoader(heldout, 512, shuffle=False)
+    if recipe.evaluators:
+        eval_loader = recipe.build_evaluators(eval_loader, num_classes=10)
     main_process = world.main
     loggers: list[Logger] = [JSONLLogger(args.log_file)] if args.log_file is not None else []
     loggers = [*loggers, *recipe.build_loggers()] if main_process else []
@@ -306,7 +308,10 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
     wall = time.perf_counter() - started
     names = ", ".join(a.name for a in algorithms) or "none"
     print(f"task {args.task} | algorithms {names} | {trainer.timestamp.batch} steps, {trainer.timestamp.epoch} epochs")
-    print(f"held-out accuracy {metrics['eval_accuracy']:.2%} | held-out loss {metrics['eval_loss']:.4f}")
+    if "eval_accuracy" in metrics:
+        print(f"held-out accuracy {metrics['eval_accuracy']:.2%} | held-out loss {metrics['eval_loss']:.4f}")
+    else:
+        print("held-out " + " | ".join(f"{name} {value:.4f}" for name, value in metrics.items() if name.startswith("eval/")))
     print(f"wall time {wall:.1f} s (training {metrics['wall_time']:.1f} s)")
     if trainer.compiles:
         print(f"compiled graphs: {trainer.compiles}")

@@ -11,6 +11,9 @@ given on the command line overrides the field. Four tables say what flags cannot
 - ``[schedule]``: ``name`` (``cosine_warmup``, ``linear_warmup``, ``constant``, ...) and its arguments.
 - ``[loggers]``: ``tensorboard = "<folder>"`` and ``console = true``; and ``callbacks``, a list among
   ``speed``, ``lr``, ``memory``, ``runtime``, ``system``, ``nan`` and ``optimizer``.
+- ``[evaluators.<label>]``, evaluators of the task's held-out set: ``metrics`` (a list among ``accuracy``,
+  ``f1``, ``precision``, ``recall``, macro-averaged; none: the exact accuracy and loss), ``subset_num_batches``,
+  ``eval_interval``. Without the table, the held-out set is evaluated as ``eval_accuracy`` and ``eval_loss``.
 
 An unknown field or a bad value is an error that names the file, the field and what is accepted.
 """
@@ -45,7 +48,8 @@ SCHEDULES = {
     "polynomial": "PolynomialScheduler",
 }
 CALLBACKS = ("speed", "lr", "memory", "runtime", "system", "nan", "optimizer")
-_TABLES = ("algorithms", "optimizer", "schedule", "loggers")
+_TABLES = ("algorithms", "optimizer", "schedule", "loggers", "evaluators")
+METRICS = ("accuracy", "f1", "precision", "recall")
 
 
 class RecipeError(ValueError):
@@ -63,6 +67,7 @@ class Recipe:
     schedule: Mapping[str, Any] = field(default_factory=dict)
     loggers: Mapping[str, Any] = field(default_factory=dict)
     callbacks: tuple[str, ...] = ()
+    evaluators: tuple[tuple[str, Mapping[str, Any]], ...] = ()
 
     def error(self, name: str, message: str) -> RecipeError:
         """Returns the error for field ``name`` of this file."""
@@ -138,6 +143,21 @@ class Recipe:
         }
         return [made[name]() for name in self.callbacks]
 
+    def build_evaluators(self, loader: Any, num_classes: int) -> list[Any]:
+        """Returns the ``[evaluators.*]`` tables as evaluators of ``loader`` (the task's held-out batches)."""
+        from composer_fn.trainer import Evaluator
+
+        built = []
+        for label, table in self.evaluators:
+            arguments = dict(table)
+            names = arguments.pop("metrics", None)
+            if names is not None:
+                if not isinstance(names, list) or not names or not all(n in METRICS for n in names):
+                    raise self.error(f"evaluators.{label}.metrics", f"{names!r}: expected a list among {', '.join(METRICS)}")
+                arguments["metrics"] = {name: _metric(name, num_classes) for name in names}
+            built.append(self._call(f"evaluators.{label}", Evaluator, {"label": label, "dataloader": loader, **arguments}))
+        return built
+
     def _call(self, name: str, build: Callable[..., Any], arguments: Mapping[str, Any]) -> Any:
         try:
             return build(**arguments)
@@ -187,10 +207,12 @@ def load_recipe(path: str | os.PathLike[str], flags: Mapping[str, Callable[[str]
     algorithms = data.get("algorithms", {})
     if not isinstance(algorithms, dict) or not all(isinstance(v, dict) for v in algorithms.values()):
         raise recipe.error("algorithms", "expected tables [algorithms.<name>] of hyperparameters")
-    tables = {name: data.get(name, {}) for name in ("optimizer", "schedule", "loggers")}
+    tables = {name: data.get(name, {}) for name in ("optimizer", "schedule", "loggers", "evaluators")}
     for name, table in tables.items():
         if not isinstance(table, dict):
             raise recipe.error(name, f"expected a table [{name}]")
+    if not all(isinstance(table, dict) for table in tables["evaluators"].values()):
+        raise recipe.error("evaluators", "expected tables [evaluators.<label>] of an evaluator's settings")
     callbacks = data.get("callbacks", [])
     if not isinstance(callbacks, list) or not all(isinstance(c, str) and c in CALLBACKS for c in callbacks):
         raise recipe.error("callbacks", f"{callbacks!r}: expected a list among {', '.join(CALLBACKS)}")
@@ -202,6 +224,7 @@ def load_recipe(path: str | os.PathLike[str], flags: Mapping[str, Callable[[str]
         tables["schedule"],
         tables["loggers"],
         tuple(callbacks),
+        tuple(tables["evaluators"].items()),
     )
 
 
@@ -212,3 +235,11 @@ def _flag_switch(recipe: Recipe, name: str, value: Any, convert: Callable[[str],
     if not isinstance(value, bool):
         raise recipe.error(name, f"{value!r}: expected true or false")
     return value
+
+
+def _metric(name: str, num_classes: int) -> Any:
+    from torchmetrics import classification as C
+
+    kind = {"accuracy": C.MulticlassAccuracy, "f1": C.MulticlassF1Score, "precision": C.MulticlassPrecision}
+    kind["recall"] = C.MulticlassRecall
+    return kind[name](num_classes=num_classes, average="macro")

@@ -72,6 +72,9 @@ def test_flags_override_the_fields_and_the_tables_build_what_they_say(tmp_path: 
         ('callbacks = ["speed", "fast"]\n', "field callbacks: ['speed', 'fast']: expected a list among speed, lr"),
         ('[loggers]\nwandb = "x"\n', "field loggers.wandb: unknown logger; accepted: tensorboard"),
         ("task = \n", "not TOML"),
+        ('[evaluators.val]\nmetrics = ["auc"]\n', "field evaluators.val.metrics: ['auc']: expected a list among accuracy"),
+        ("[evaluators.val]\nsubset_num_batches = 0\n", "field evaluators.val: subset_num_batches=0"),
+        ("[evaluators]\nval = 3\n", "field evaluators: expected tables [evaluators.<label>]"),
     ],
 )
 def test_a_bad_field_is_refused_in_one_line_naming_file_field_and_what_is_accepted(
@@ -88,3 +91,13 @@ def test_a_missing_recipe_is_named(tmp_path: Path, capsys) -> None:
     assert main(["plan", "--config", str(tmp_path / "nothing.toml")]) == 2
     err = capsys.readouterr().err
     assert "--config=" in err and "nothing.toml" in err and "cannot be read" in err
+
+
+def test_evaluators_of_a_recipe_are_logged_under_their_labels(tmp_path: Path, capsys) -> None:
+    recipe = _write(
+        tmp_path,
+        '[evaluators.heldout]\nmetrics = ["accuracy", "f1"]\n[evaluators.quick]\nsubset_num_batches = 1\n',
+    )
+    assert main(["train", "--config", str(recipe), "--max-duration", "2ba", "--no-progress", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "eval/heldout/accuracy" in out and "eval/heldout/f1" in out and "eval/quick/loss" in out
