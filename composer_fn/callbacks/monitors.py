@@ -59,10 +59,13 @@ def measure_flops_per_sample(module: nn.Module, batch: torch.Tensor) -> float:
 
 
 _PEAK_FLOPS = {
-    # Dense tensor-core peaks (no sparsity), by device-name fragment and compute dtype, in FLOP/s.
+    # Dense tensor-core peaks (no sparsity), by device-name fragment and compute dtype, in FLOP/s; a longer
+    # fragment comes before any it contains ("A100" before "A10", "L40S" before "L4").
     "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
     "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
     "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
+    "L40S": {"bf16": 362e12, "fp16": 362e12, "fp32": 91.6e12},
+    "L40": {"bf16": 181e12, "fp16": 181e12, "fp32": 90.5e12},
     "L4": {"bf16": 121e12, "fp16": 121e12, "fp32": 30.3e12},
     "A10": {"bf16": 125e12, "fp16": 125e12, "fp32": 31.2e12},
     "V100": {"fp16": 125e12, "fp32": 15.7e12},
