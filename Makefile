@@ -15,7 +15,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 demo: $(STAMP)
 	rm -f runs/demo/log.jsonl
-	$(BIN)/composer-fn train --task digits --algorithms mixup,label_smoothing,channels_last --max-duration 12ep --seed 0 \
+	$(BIN)/composer-fn train --task digits --algorithms mixup,label_smoothing,channels_last --max-duration 12ep --seed 0 --log-interval 5ba \
 		--log-file runs/demo/log.jsonl
 	$(BIN)/composer-fn report runs/demo
 

@@ -128,6 +128,10 @@ def _epochs_or_batches(text: str) -> Time:
     return validate.time("--max-duration", text, (TimeUnit.EPOCH, TimeUnit.BATCH), "10ep")
 
 
+def _interval(text: str) -> Time:
+    return validate.time("--log-interval", text, (TimeUnit.EPOCH, TimeUnit.BATCH), "50ba")
+
+
 _POSITIVE_INT = _checked("a whole number >= 1", int, lambda n: n >= 1)
 _SEED = _checked("a whole number in [0, 2**64)", int, lambda n: 0 <= n < 2**64)
 _TIMEOUT = _checked("a finite number of seconds > 0, e.g. 300", float, lambda x: math.isfinite(x) and x > 0)
@@ -140,6 +144,7 @@ _LEARNING_RATE = _checked("a finite number > 0, e.g. 0.1", float, lambda x: math
 _MAX_DURATION = _checked(
     "a whole number >= 1 of epochs or batches, e.g. 10ep or 500ba", _epochs_or_batches, lambda t: t.value >= 1
 )
+_LOG_INTERVAL = _checked("a whole number >= 1 of batches or epochs, e.g. 50ba or 1ep", _interval, lambda t: t.value >= 1)
 _CHECKPOINT = _checked("an existing checkpoint file, e.g. runs/latest.pt", Path, Path.is_file)
 _FOLDER = _checked("a folder (created if missing), not a file", Path, lambda path: not path.is_file())
 _FILE = _checked("a file (created if missing), not a folder", Path, lambda path: not path.is_dir())
@@ -176,6 +181,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             help="resume from the newest checkpoint in --save-folder when there is one (rerun an interrupted job as is)",
         )
         train.add_argument("--log-file", type=_FILE, default=None, help="a JSON-lines file receiving every logged record")
+        train.add_argument(
+            "--log-interval",
+            type=_LOG_INTERVAL,
+            default=None,
+            help="how often loggers and monitors get a training record (default 50ba)",
+        )
         train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
         train.add_argument("--threads", type=_POSITIVE_INT, default=None, help="torch intra-op threads")
         train.add_argument(
@@ -292,6 +303,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
         load_path=args.load_path,
         autoresume=args.autoresume,
         progress_bar=not args.no_progress,
+        **({"log_interval": args.log_interval} if args.log_interval is not None else {}),
         device_train_microbatch_size=args.microbatch_size,
         dist_timeout=args.dist_timeout,
         profiler=profiler,

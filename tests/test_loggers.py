@@ -65,3 +65,51 @@ def test_the_console_shows_one_line_per_logged_step_and_per_evaluation() -> None
 def test_a_bad_flush_interval_is_refused_naming_it(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="flush_secs=0 must be an int >= 1"):
         TensorBoardLogger(tmp_path, flush_secs=0)
+
+
+def test_console_lines_that_come_quickly_wait_and_go_out_together_in_order_none_lost() -> None:
+    stream = io.StringIO()
+    console = ConsoleLogger(stream, flush_interval=3600.0)
+    train = {"kind": "train", "epoch": 0, "loss": 1.0, "lr_multiplier": 1.0, "samples_per_second": 5.0}
+    for step in range(1, 5):
+        console.log({**train, "step": step})
+    # The first line goes out at once; the next three wait for a record that is not training's.
+    assert stream.getvalue().splitlines() == ["[epoch 0 | batch 1] loss 1.0000 | lr × 1 | 5 samples/s"]
+    console.log({"kind": "eval", "step": 4, "epoch": 0, "eval_accuracy": 0.5})
+    lines = stream.getvalue().splitlines()
+    assert [line.split("]")[0] for line in lines] == [f"[epoch 0 | batch {step}" for step in range(1, 5)] + [
+        "[epoch 0 | batch 4"
+    ]
+    console.log({**train, "step": 5})
+    console.log({**train, "step": 6})
+    console.close()
+    assert stream.getvalue().splitlines()[-1].startswith("[epoch 0 | batch 6]")
+
+
+def test_a_bad_console_flush_interval_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match="flush_interval"):
+        ConsoleLogger(flush_interval=-1.0)
+
+
+def test_loggers_receive_every_record_in_order_even_when_the_run_fails() -> None:
+    from composer_fn.callbacks import Callback
+
+    class Fails(Callback):
+        def batch_end(self, view) -> None:
+            if view.timestamp.batch == 6:
+                raise RuntimeError("stop here")
+
+    memory = InMemoryLogger()
+    trainer = Trainer(
+        MLP(6, 2),
+        TensorLoader(DATA, batch_size=8),
+        max_duration="2ep",
+        optimizer=optim.sgd(0.1),
+        log_interval="1ba",
+        loggers=[memory],
+        callbacks=[Fails()],
+        progress_bar=False,
+    )
+    with pytest.raises(RuntimeError, match="stop here"):
+        trainer.fit()
+    assert [r["step"] for r in memory.records if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]

@@ -4,6 +4,7 @@ the arithmetic of the clock and counters it read, checked under a clock the test
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -196,3 +197,20 @@ def test_the_optimizer_monitor_logs_gradient_and_update_norms_of_the_logged_step
             assert record["l2_norm/grad/global"] == pytest.approx(squares**0.5, rel=1e-5)
             for name in names:
                 assert record[f"l2_norm/update/{name}"] == pytest.approx(0.1 * record[f"l2_norm/grad/{name}"], rel=1e-5)
+
+
+def test_the_resident_memory_on_the_cpu_is_the_figure_psutil_reports() -> None:
+    import psutil
+
+    monitor = MemoryMonitor()
+    view = SimpleNamespace(static=SimpleNamespace(device=torch.device("cpu")))
+    first = monitor.log_metrics(view)["memory/rss_bytes"]  # type: ignore[arg-type]
+    reported = psutil.Process().memory_info().rss
+    grown = b"\x01" * (64 * 2**20)  # written: resident
+    second = monitor.log_metrics(view)["memory/rss_bytes"]  # type: ignore[arg-type]
+    assert abs(first - reported) < 8 * 2**20
+    assert second - first > 48 * 2**20
+    del grown
+    monitor.close()
+    assert monitor.log_metrics(view)["memory/rss_bytes"] > 0  # type: ignore[arg-type]
+    monitor.close()

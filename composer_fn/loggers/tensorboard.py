@@ -11,6 +11,7 @@ readable line per training record and per evaluation, through tqdm so that a pro
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -45,7 +46,7 @@ class TensorBoardLogger(Logger):
         self._writer: Any = SummaryWriter(log_dir=str(self.log_dir), flush_secs=flush_secs)
         # Records wait here and reach the writer's thread together, once a second at most: each hand-over wakes
         # that thread, which then competes with training for the interpreter.
-        self._pending: list[tuple[Any, int, float]] = []
+        self._pending: list[tuple[str, dict[str, Any], float]] = []
         self._handed = time.monotonic()
 
     def log(self, record: dict[str, Any]) -> None:
@@ -62,24 +63,25 @@ class TensorBoardLogger(Logger):
         section = _SECTIONS.get(str(kind))
         if section is None:
             return
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
-        values = [
-            # A monitor's name carries its own section ("throughput/samples_per_second"); others get the record's.
-            Summary.Value(tag=name if "/" in name else f"{section}/{name}", simple_value=float(value))
-            for name, value in record.items()
-            if name not in _POSITION and name != "kind" and isinstance(value, int | float) and not isinstance(value, bool)
-        ]
-        if values:
-            # One event holds the record's scalars (a tenth of the cost of one event per scalar).
-            self._pending.append((Summary(value=values), int(record.get("step", 0)), time.time()))
+        # Records wait as they are and become events together: building them in one go costs a fraction.
+        self._pending.append((section, dict(record), time.time()))
         if kind != "train" or time.monotonic() - self._handed >= 1.0:
             self._hand_over()
 
     def _hand_over(self) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
         writer = self._writer._get_file_writer()
-        for summary, step, wall in self._pending:
-            writer.add_summary(summary, step, wall)
+        for section, record, wall in self._pending:
+            values = [
+                # A monitor's name carries its own section ("throughput/samples_per_second"); others get the record's.
+                Summary.Value(tag=name if "/" in name else f"{section}/{name}", simple_value=float(value))
+                for name, value in record.items()
+                if name not in _POSITION and name != "kind" and isinstance(value, int | float) and not isinstance(value, bool)
+            ]
+            if values:
+                # One event holds the record's scalars (a tenth of the cost of one event per scalar).
+                writer.add_summary(Summary(value=values), int(record.get("step", 0)), wall)
         self._pending, self._handed = [], time.monotonic()
 
     def close(self) -> None:
@@ -91,18 +93,43 @@ class TensorBoardLogger(Logger):
 class ConsoleLogger(Logger):
     """Prints one line per training record (step, epoch, loss, learning-rate multiplier, throughput, and the
     step time, MFU and time left when monitors give them) and per evaluation (its metrics) to ``stream``
-    (default: standard error, where the progress bar is)."""
+    (default: standard error, where the progress bar is).
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    Lines go out through tqdm, so that a progress bar stays intact. Training lines that come faster than one
+    per ``flush_interval`` seconds wait for the next record and go out together (each write redraws the bar):
+    no line is dropped, and evaluations, stops and the run's end are written at once with any waiting lines.
+
+    Args:
+        stream: where the lines go; None: standard error.
+        flush_interval: the shortest time between two writes of training lines, in seconds (0: each at once).
+    """
+
+    def __init__(self, stream: TextIO | None = None, flush_interval: float = 0.1) -> None:
         self.stream = stream
+        self.flush_interval = validate.real("flush_interval", flush_interval, minimum=0.0, hint="seconds")
+        self._waiting: list[str] = []
+        self._written = -math.inf
 
     def log(self, record: dict[str, Any]) -> None:
         line = _line(record)
         if line is None:
             return
+        self._waiting.append(line)
+        now = time.monotonic()
+        if record.get("kind") != "train" or now - self._written >= self.flush_interval:
+            self._write()
+            self._written = now
+
+    def _write(self) -> None:
+        if not self._waiting:
+            return
         from tqdm import tqdm
 
-        tqdm.write(line, file=self.stream if self.stream is not None else sys.stderr)
+        tqdm.write("\n".join(self._waiting), file=self.stream if self.stream is not None else sys.stderr)
+        self._waiting = []
+
+    def close(self) -> None:
+        self._write()
 
 
 def _line(record: dict[str, Any]) -> str | None:
