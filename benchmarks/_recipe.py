@@ -37,7 +37,7 @@ def train_digits(
     )
     started = time.perf_counter()
     metrics = run.fit()
-    return metrics["eval_accuracy"], time.perf_counter() - started
+    return metrics["eval/eval/accuracy"], time.perf_counter() - started
 
 
 def print_effect_rows(results: dict[str, list[tuple[float, float]]], base: str, width: int) -> None:

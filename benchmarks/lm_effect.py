@@ -100,7 +100,7 @@ def run(
     )
     started, cpu_started = time.perf_counter(), time.process_time()
     metrics = trainer.fit()
-    return metrics["eval_loss"], time.perf_counter() - started, time.process_time() - cpu_started
+    return metrics["eval/eval/loss"], time.perf_counter() - started, time.process_time() - cpu_started
 
 
 def main() -> None:

@@ -320,8 +320,8 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
     wall = time.perf_counter() - started
     names = ", ".join(a.name for a in algorithms) or "none"
     print(f"task {args.task} | algorithms {names} | {trainer.timestamp.batch} steps, {trainer.timestamp.epoch} epochs")
-    if "eval_accuracy" in metrics:
-        print(f"held-out accuracy {metrics['eval_accuracy']:.2%} | held-out loss {metrics['eval_loss']:.4f}")
+    if "eval/eval/accuracy" in metrics:
+        print(f"held-out accuracy {metrics['eval/eval/accuracy']:.2%} | held-out loss {metrics['eval/eval/loss']:.4f}")
     else:
         print("held-out " + " | ".join(f"{name} {value:.4f}" for name, value in metrics.items() if name.startswith("eval/")))
     print(f"wall time {wall:.1f} s (training {metrics['wall_time']:.1f} s)")

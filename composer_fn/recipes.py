@@ -13,7 +13,8 @@ given on the command line overrides the field. Four tables say what flags cannot
   ``speed``, ``lr``, ``memory``, ``runtime``, ``system``, ``nan`` and ``optimizer``.
 - ``[evaluators.<label>]``, evaluators of the task's held-out set: ``metrics`` (a list among ``accuracy``,
   ``f1``, ``precision``, ``recall``, macro-averaged; none: the exact accuracy and loss), ``subset_num_batches``,
-  ``eval_interval``. Without the table, the held-out set is evaluated as ``eval_accuracy`` and ``eval_loss``.
+  ``eval_interval``. Without the table, the held-out set is the evaluator ``eval``: ``eval/eval/accuracy`` and
+  ``eval/eval/loss``.
 
 An unknown field or a bad value is an error that names the file, the field and what is accepted.
 """

@@ -75,11 +75,11 @@ def _series(records: Sequence[dict[str, Any]], x: str, y: str) -> tuple[list[flo
 def _held_out(runs: Sequence[Run]) -> str:
     # The held-out accuracy when logged (a named evaluator's too), else the first held-out metric logged.
     logged = [name for run in runs for r in run.eval for name in r if name.startswith("eval")]
-    for wanted in ("eval_accuracy", "/accuracy", "eval_loss"):
-        found = next((name for name in logged if name == wanted or name.endswith(wanted)), None)
+    for wanted in ("/accuracy", "eval/eval/loss"):
+        found = next((name for name in logged if name.endswith(wanted)), None)
         if found is not None:
             return found
-    return logged[0] if logged else "eval_accuracy"
+    return logged[0] if logged else "eval/eval/accuracy"
 
 
 def write_report(
@@ -133,11 +133,11 @@ def write_report(
 
 
 def _title(metric: str) -> str:
-    # eval_accuracy -> accuracy; eval/val/f1 -> f1 (val)
-    if metric.startswith("eval/"):
+    # eval/eval/accuracy -> accuracy (a plain eval_dataloader's); eval/val/f1 -> f1 (val)
+    if metric.startswith("eval/") and metric.count("/") >= 2:
         _, label, name = metric.split("/", 2)
-        return f"{name} ({label})"
-    return metric.removeprefix("eval_")
+        return name if label == "eval" else f"{name} ({label})"
+    return metric
 
 
 def _mark_switches(ax: Any, run: Run, colour: str) -> None:

@@ -40,9 +40,10 @@ def test_tensorboard_holds_every_logged_scalar_at_its_step_and_the_settings_once
     for kind in ("train", "eval"):
         records = [r for r in memory.records if r["kind"] == kind]
         assert records
-        for name in ("loss", "lr_multiplier", "samples_per_second") if kind == "train" else ("eval_accuracy", "eval_loss"):
-            assert f"{kind}/{name}" in scalars
-            logged = [(e.step, e.value) for e in events.Scalars(f"{kind}/{name}")]
+        for name in ("loss", "lr_multiplier", "samples_per_second") if kind == "train" else ("eval/eval/accuracy", "eval/eval/loss"):
+            tag = name if "/" in name else f"{kind}/{name}"
+            assert tag in scalars
+            logged = [(e.step, e.value) for e in events.Scalars(tag)]
             assert logged == [(r["step"], pytest.approx(r[name], rel=1e-6)) for r in records]
     assert "fit/wall_time" in scalars
     texts = [tag for tag in events.Tags()["tensors"] if tag.startswith("hparams")]
@@ -56,8 +57,8 @@ def test_the_console_shows_one_line_per_logged_step_and_per_evaluation() -> None
     _fit(ConsoleLogger(stream))
     lines = stream.getvalue().splitlines()
     assert sum("samples/s" in line for line in lines) == 8
-    evaluations = [line for line in lines if "eval_accuracy" in line]
-    assert len(evaluations) == 2 and all("%" in line and "eval_loss" in line for line in evaluations)
+    evaluations = [line for line in lines if "eval/eval/accuracy" in line]
+    assert len(evaluations) == 2 and all("%" in line and "eval/eval/loss" in line for line in evaluations)
     assert lines[0].startswith("[epoch 0 | batch 1] loss ")
     assert lines[-1].startswith("[done at batch 8]")
 
@@ -75,7 +76,7 @@ def test_console_lines_that_come_quickly_wait_and_go_out_together_in_order_none_
         console.log({**train, "step": step})
     # The first line goes out at once; the next three wait for a record that is not training's.
     assert stream.getvalue().splitlines() == ["[epoch 0 | batch 1] loss 1.0000 | lr × 1 | 5 samples/s"]
-    console.log({"kind": "eval", "step": 4, "epoch": 0, "eval_accuracy": 0.5})
+    console.log({"kind": "eval", "step": 4, "epoch": 0, "eval/eval/accuracy": 0.5})
     lines = stream.getvalue().splitlines()
     assert [line.split("]")[0] for line in lines] == [f"[epoch 0 | batch {step}" for step in range(1, 5)] + [
         "[epoch 0 | batch 4"

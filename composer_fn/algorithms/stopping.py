@@ -1,11 +1,13 @@
 """EarlyStopper and ThresholdStopper: end a run on what it measured (Composer's callbacks of those names).
 
 Stopping changes the run, so these are algorithms: each declares ``Capabilities.stops``, a pure rule the
-trainer applies to the metrics of each evaluation (``dataloader_label='eval'``) or each log step (``'train'``),
-with the rule's memory (the best value so far, the checks since it) in ``State.algos``, so a resumed run stops
-where the uninterrupted one would. The run then ends at that batch as if it were ``max_duration``: FIT_END, the
-final checkpoint and evaluation follow. Metrics are named as the trainer logs them (``eval_loss``,
-``eval_accuracy``, ``loss``, a monitor's ``throughput/samples_per_second``, ...).
+trainer applies after each measurement of the evaluator labelled ``dataloader_label`` (a plain
+``eval_dataloader`` is labelled ``'eval'``), or at each log step (``'train'``), with the rule's memory (the best
+value so far, when it was seen) in ``State.algos``, so a resumed run stops where the uninterrupted one would.
+The run then ends at that batch as if it were ``max_duration``: FIT_END, the final checkpoint and evaluation
+follow. ``monitor`` is the metric's name within its evaluator (``loss``, ``accuracy``, a torchmetrics
+metric's name: read as ``eval/<label>/<monitor>``) or in the training record (``loss``, a monitor's
+``throughput/samples_per_second``); a name starting ``eval/`` is read as it is.
 """
 
 from __future__ import annotations
@@ -20,18 +22,19 @@ import torch
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Capabilities, register
 from composer_fn.core.state import State, Static
+from composer_fn.core.time import Timestamp, TimeUnit
 
 __all__ = ["EarlyStopper", "ThresholdStopper"]
 
 _COMPARISONS = ("lt", "gt", "le", "ge")
-_LABELS = ("eval", "train")
 
 
-def _better(comp: str | None, monitor: str) -> str:
-    # Composer's default: a loss improves downwards, anything else upwards.
+def _better(comp: str | None, monitor: str, reached: bool = False) -> str:
+    # Composer's default: a loss improves downwards, anything else upwards; a threshold is reached at equality.
     if comp is not None:
         return comp
-    return "lt" if "loss" in monitor else "gt"
+    lower = "loss" in monitor
+    return ("le" if lower else "ge") if reached else ("lt" if lower else "gt")
 
 
 def _compares(comp: str, value: float, bound: float) -> bool:
@@ -40,83 +43,105 @@ def _compares(comp: str, value: float, bound: float) -> bool:
 
 def _check(name: str, monitor: str, dataloader_label: str, comp: str | None) -> None:
     if not isinstance(monitor, str) or not monitor:
-        raise ValueError(f"{name}: monitor={monitor!r}: expected a metric's name, e.g. 'eval_loss' or 'loss'")
-    validate.choice("dataloader_label", dataloader_label, _LABELS)
+        raise ValueError(f"{name}: monitor={monitor!r}: expected a metric's name, e.g. 'loss' or 'accuracy'")
+    if not isinstance(dataloader_label, str) or not dataloader_label:
+        raise ValueError(
+            f"{name}: dataloader_label={dataloader_label!r}: expected an evaluator's label ('eval' for a plain "
+            "eval_dataloader) or 'train'"
+        )
     if comp is not None:
         validate.choice("comp", comp, _COMPARISONS)
 
 
 def _value(metrics: Mapping[str, float], monitor: str, name: str, where: str) -> float | None:
-    if monitor not in metrics:
+    logged = monitor if where == "train" or monitor.startswith("eval/") else f"eval/{where}/{monitor}"
+    if logged not in metrics:
+        checks = "log steps" if where == "train" else f"evaluations of {where!r}"
         raise ValueError(
-            f"{name} monitors {monitor!r}, which the run does not log at its {where} checks; logged: "
+            f"{name} monitors {logged!r}, which the run does not log at its {checks}; logged: "
             f"{', '.join(sorted(metrics)) or 'nothing yet'}"
         )
-    value = float(metrics[monitor])
+    value = float(metrics[logged])
     return value if math.isfinite(value) else None
+
+
+def _patience(patience: int | str) -> tuple[int, TimeUnit | None]:
+    # A number of checks, or a span of batches or epochs.
+    if isinstance(patience, str):
+        span = validate.time("patience", patience, (TimeUnit.BATCH, TimeUnit.EPOCH), "2ep")
+        if span.value < 1:
+            raise ValueError(f"patience={patience!r}: expected at least 1 batch or epoch, e.g. '2ep' or '500ba'")
+        return int(span.value), span.unit
+    return validate.integer("patience", patience, minimum=1, hint="checks without improvement, or a span like '2ep'"), None
 
 
 @register
 @dataclass(frozen=True)
 class EarlyStopper(Algorithm):
-    """Ends the run once ``monitor`` has not improved by more than ``min_delta`` for ``patience`` checks.
+    """Ends the run once ``monitor`` has not improved by more than ``min_delta`` for ``patience``.
 
     Args:
-        monitor: the metric, as logged (``eval_loss``, ``eval_accuracy``, ``loss``, ...).
-        dataloader_label: ``'eval'`` checks at each evaluation; ``'train'`` at each log step.
+        monitor: the metric's name within its evaluator (``loss``, ``accuracy``, ``f1``) or the training record
+            (``loss``), or a full name ``eval/<label>/<metric>``.
+        dataloader_label: the label of the evaluator checked after each of its evaluations (``'eval'``: a plain
+            ``eval_dataloader``), or ``'train'``: the training record at each log step.
         comp: how a better value compares to the best so far: ``'lt'``, ``'gt'``, ``'le'`` or ``'ge'``; by
             default lower for a name holding ``loss``, higher otherwise.
         min_delta: the least change that counts as an improvement.
-        patience: checks without improvement before the run ends.
+        patience: how long the metric may go without improving: a number of checks, or a span of the run
+            (``'2ep'``, ``'500ba'``) since the check that set the best (or since the run began, before any).
     """
 
-    monitor: str = "eval_loss"
+    monitor: str = "loss"
     dataloader_label: str = "eval"
     comp: str | None = None
     min_delta: float = 0.0
-    patience: int = 1
+    patience: int | str = 1
 
     def __post_init__(self) -> None:
         _check("EarlyStopper", self.monitor, self.dataloader_label, self.comp)
         validate.real("min_delta", self.min_delta, minimum=0.0)
-        validate.integer("patience", self.patience, minimum=1, hint="checks without improvement")
+        _patience(self.patience)
 
     def init(self, static: Static, state: State) -> torch.Tensor:
-        # [best value so far, checks since it, whether there is a best yet]
-        return torch.tensor([0.0, 0.0, 0.0], dtype=torch.float64)
+        # [best value so far, checks since it, whether there is a best yet, batch and epoch of the best]
+        return torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(stops=self._stops)
+        return Capabilities(stops=self._stops, watches=self.dataloader_label)
 
-    def _stops(self, entry: Any, metrics: Mapping[str, float], where: str) -> tuple[Any, bool]:
+    def _stops(self, entry: Any, metrics: Mapping[str, float], where: str, timestamp: Timestamp) -> tuple[Any, bool]:
         if where != self.dataloader_label:
             return entry, False
         value = _value(metrics, self.monitor, "EarlyStopper", where)
-        best, waited, known = float(entry[0]), float(entry[1]), bool(entry[2])
+        best, waited, known, batch, epoch = (float(x) for x in entry)
         comp = _better(self.comp, self.monitor)
         # An improvement beats the best by more than min_delta; the first finite value sets the best.
         shifted = None if value is None else (value + self.min_delta if comp in ("lt", "le") else value - self.min_delta)
-        if value is not None and shifted is not None and (not known or _compares(comp, shifted, best)):
-            best, waited, known = value, 0.0, True
+        if value is not None and shifted is not None and (not bool(known) or _compares(comp, shifted, best)):
+            best, waited, known, batch, epoch = value, 0.0, 1.0, float(timestamp.batch), float(timestamp.epoch)
         else:
             waited += 1
-        return torch.tensor([best, waited, float(known)], dtype=torch.float64), waited >= self.patience
+        span, unit = _patience(self.patience)
+        since = {None: waited, TimeUnit.BATCH: timestamp.batch - batch, TimeUnit.EPOCH: timestamp.epoch - epoch}[unit]
+        entry = torch.tensor([best, waited, known, batch, epoch], dtype=torch.float64)
+        return entry, bool(waited) and since >= span
 
 
 @register
 @dataclass(frozen=True)
 class ThresholdStopper(Algorithm):
-    """Ends the run once ``monitor`` passes ``threshold``.
+    """Ends the run once ``monitor`` reaches ``threshold``.
 
     Args:
-        monitor: the metric, as logged (``eval_accuracy``, ``loss``, ...).
-        dataloader_label: ``'eval'`` checks at each evaluation; ``'train'`` at each log step.
+        monitor: the metric's name within its evaluator or the training record, as for ``EarlyStopper``.
+        dataloader_label: the evaluator checked (``'eval'``: a plain ``eval_dataloader``), or ``'train'``.
         threshold: the value to reach.
         comp: how a value that reached it compares to ``threshold``: ``'lt'``, ``'gt'``, ``'le'`` or ``'ge'``;
-            by default below for a name holding ``loss``, above otherwise.
+            by default at or below for a name holding ``loss``, at or above otherwise.
     """
 
-    monitor: str = "eval_accuracy"
+    monitor: str = "accuracy"
     dataloader_label: str = "eval"
     threshold: float = 1.0
     comp: str | None = None
@@ -126,10 +151,11 @@ class ThresholdStopper(Algorithm):
         validate.real("threshold", self.threshold)
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(stops=self._stops)
+        return Capabilities(stops=self._stops, watches=self.dataloader_label)
 
-    def _stops(self, entry: Any, metrics: Mapping[str, float], where: str) -> tuple[Any, bool]:
+    def _stops(self, entry: Any, metrics: Mapping[str, float], where: str, timestamp: Timestamp) -> tuple[Any, bool]:
         if where != self.dataloader_label:
             return entry, False
         value = _value(metrics, self.monitor, "ThresholdStopper", where)
-        return entry, value is not None and _compares(_better(self.comp, self.monitor), value, self.threshold)
+        reached = _better(self.comp, self.monitor, reached=True)
+        return entry, value is not None and _compares(reached, value, self.threshold)

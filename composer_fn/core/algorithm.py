@@ -80,9 +80,11 @@ class Capabilities:
     """``lr_multiplier(schedule, steps_per_epoch=, max_steps=)`` returns the learning-rate multiplier to train
     with instead of the run's ``schedule`` (a function of the step count); folded once, when training starts."""
 
-    stops: Callable[[Any, Mapping[str, float], str], tuple[Any, bool]] | None = None
-    """Stopping: ``stops(entry, metrics, where)`` reads the metrics of a log step (``where='train'``) or an
-    evaluation (``'eval'``) and its ``State.algos`` entry; returns the new entry and whether the run ends there."""
+    stops: Callable[[Any, Mapping[str, float], str, Timestamp], tuple[Any, bool]] | None = None
+    """Stopping: ``stops(entry, metrics, where, timestamp)`` reads the run's metrics at a log step (``where='train'``)
+    or after an evaluator measured (``where`` its label) and its ``State.algos`` entry; returns the new entry and
+    whether the run ends there. ``watches``: the evaluator label the rule reads (checked against the run's)."""
+    watches: str | None = None
 
 
 _NONE = Capabilities()

@@ -30,8 +30,8 @@ def evaluate(
     reduce: Reduce | None = None,
     gather: Callable[[list[float]], list[float]] | None = None,
 ) -> dict[str, float]:
-    """Returns ``eval_accuracy`` (multiclass, micro: correct over labelled positions) and ``eval_loss`` (the
-    batches' losses weighted by their sizes) of ``state``.
+    """Returns ``accuracy`` (multiclass, micro: correct over labelled positions) and ``loss`` (the batches'
+    losses weighted by their sizes) of ``state``.
 
     ``step`` maps ``(state, batch)`` to outputs; ``batches`` are already on ``device``; an empty batch (a
     process's share of a short last batch) is skipped. ``on_event`` runs at EVAL_BATCH_START and EVAL_BATCH_END
@@ -68,8 +68,8 @@ def evaluate(
     if sample_count == 0:
         raise ValueError("eval_dataloader yielded no batch: an evaluation needs at least one")
     return {
-        "eval_accuracy": correct_count / labelled_count if labelled_count else 0.0,
-        "eval_loss": math.fsum(weighted) / sample_count,
+        "accuracy": correct_count / labelled_count if labelled_count else 0.0,
+        "loss": math.fsum(weighted) / sample_count,
     }
 
 

@@ -123,9 +123,9 @@ class Trainer:
             with ``set_epoch(epoch)`` (``composer_fn.data.TensorLoader``, ``DistributedSampler``-backed loaders)
             is told each epoch; with ``iter_from(epoch, batch)`` a resumed run starts mid-epoch without
             replaying batches.
-        eval_dataloader: batches to evaluate on at ``eval_interval`` and at the end (metrics ``eval_accuracy`` and
-            ``eval_loss``); or one or more ``Evaluator``s, each with its label, loader and metrics (torchmetrics),
-            logged as ``eval/<label>/<metric>``.
+        eval_dataloader: batches to evaluate on at ``eval_interval`` and at the end, the evaluator labelled
+            ``'eval'`` (metrics ``eval/eval/accuracy`` and ``eval/eval/loss``); or one or more ``Evaluator``s, each
+            with its label, loader and metrics (torchmetrics), logged as ``eval/<label>/<metric>``.
         max_duration: how long to train: ``'10ep'``, ``'500ba'`` or an int number of epochs.
         optimizer: a gradient transformation (``composer_fn.optim.sgd(...)``); default ``sgdw(0.1)``.
         schedule: a learning-rate multiplier schedule (``composer_fn.optim.CosineAnnealingScheduler()``).
@@ -225,7 +225,7 @@ class Trainer:
             raise TypeError("train_dataloader must have a length (batches per epoch) to schedule epochs")
         evaluators = _evaluators(eval_dataloader)
         loaders = [("train_dataloader", train_dataloader)] + [
-            (f"eval_dataloader ({e.label})" if e.label else "eval_dataloader", e.dataloader) for e in evaluators
+            (f"eval_dataloader ({e.label})" if e.dataloader is not eval_dataloader else "eval_dataloader", e.dataloader) for e in evaluators
         ]
         for argument, loader in loaders:
             if isinstance(loader, Iterator):
@@ -346,6 +346,8 @@ class Trainer:
         )
         self._freezing = any(a.capabilities().freezes is not None for a in self.algorithms)
         self._stoppers = tuple((a.name, rule) for a in self.algorithms if (rule := a.capabilities().stops) is not None)
+        self._measured: list[str] = []
+        _check_watched(self.algorithms, self.evaluators)
         self._observed = frozenset(self._handlers) | {e for a in self.algorithms for e in a.host_hooks()}
         self._bar: Any = None
         self._window: tuple[float, int] = (0.0, 0)
@@ -798,15 +800,19 @@ class Trainer:
         return self._stop("train")
 
     def _evaluate_in_run(self) -> Action | None:
-        # Stoppers check an evaluation that measured something (not one whose evaluators were all off).
-        return self._stop("eval") if self._evaluate() else None
+        # Stoppers check each evaluator that measured something at this evaluation (not those that were off).
+        self._evaluate()
+        stop = None
+        for label in self._measured:
+            stop = self._stop(label) or stop
+        return stop
 
     def _stop(self, where: str) -> Action | None:
         # Stopping algorithms read this check's metrics (and their memory in the state); one that says so ends
         # the run at this batch.
         stopped_by = None
         for name, rule in self._stoppers:
-            entry, stop = rule(self.state.algos[name], self.metrics, where)
+            entry, stop = rule(self.state.algos[name], self.metrics, where, self.timestamp)
             self.state = self.state.with_algo(name, entry)
             stopped_by = stopped_by or (name if stop else None)
         if stopped_by is None:
@@ -823,12 +829,14 @@ class Trainer:
         opening = Event.EVAL_STANDALONE_START if standalone else Event.EVAL_BEFORE_ALL
         self._host_event(opening)
         results: dict[str, float] = {}
+        self._measured = []
         try:
             for evaluator in self.evaluators:
                 if not (standalone or self._due(evaluator)):
                     continue
                 self._host_event(Event.EVAL_START)
                 results.update(self._evaluate_one(evaluator, self._eval_step(plan)))
+                self._measured.append(evaluator.label)
                 self._host_event(Event.EVAL_END)
         finally:
             module.train()
@@ -869,9 +877,7 @@ class Trainer:
             reduce=distributed.all_reduce_sum if self.world.size > 1 else None,
             gather=self.world.gather if self.world.size > 1 else None,
         )
-        if not evaluator.label:
-            return results
-        return {f"eval/{evaluator.label}/{name.removeprefix('eval_')}": value for name, value in results.items()}
+        return {f"eval/{evaluator.label}/{name}": value for name, value in results.items()}
 
     def eval(self) -> dict[str, float]:
         """Returns the evaluation metrics of the current state on every evaluator (``eval_dataloader``)."""
@@ -1034,7 +1040,7 @@ def _device(device: str | torch.device | None) -> torch.device:
 
 
 def _evaluators(eval_dataloader: Any) -> tuple[Evaluator, ...]:
-    # A plain loader is the unnamed evaluator of the run (metrics eval_accuracy, eval_loss).
+    # A plain loader is the evaluator labelled 'eval' (Composer's default label): eval/eval/accuracy, eval/eval/loss.
     if eval_dataloader is None:
         return ()
     if isinstance(eval_dataloader, Evaluator):
@@ -1063,9 +1069,27 @@ def _every(evaluator: Evaluator, interval: Time | None) -> int:
     return int(own.value // interval.value)
 
 
+def _check_watched(algorithms: Sequence[Algorithm], evaluators: Sequence[Evaluator]) -> None:
+    # A stopper that watches an evaluator the run does not have would never check anything.
+    labels = [e.label for e in evaluators]
+    for algorithm in algorithms:
+        watched = algorithm.capabilities().watches
+        if watched is None or watched == "train" or watched in labels:
+            continue
+        raise ValueError(
+            f"{type(algorithm).__name__}(dataloader_label={watched!r}) checks the evaluator labelled {watched!r}, "
+            + (
+                f"but the run's evaluators are labelled {', '.join(map(repr, labels))}"
+                if labels
+                else "but the Trainer has no eval_dataloader"
+            )
+            + ": expected one of those labels or 'train' (the training record at each log step)"
+        )
+
+
 def _unnamed(loader: Any) -> Evaluator:
     evaluator = object.__new__(Evaluator)
-    fields = (("label", ""), ("dataloader", loader), ("metrics", None), ("subset_num_batches", None), ("eval_interval", None))
+    fields = (("label", "eval"), ("dataloader", loader), ("metrics", None), ("subset_num_batches", None), ("eval_interval", None))
     for name, value in fields:
         object.__setattr__(evaluator, name, value)
     return evaluator

@@ -288,7 +288,7 @@ def test_the_causal_model_trains_with_finite_losses_eagerly_and_compiled_alike()
         )
         metrics = trainer.fit()
         assert trainer.static.module.position_embedding is None
-        losses[compile] = (metrics["loss"], metrics["eval_loss"])
+        losses[compile] = (metrics["loss"], metrics["eval/eval/loss"])
     assert all(math.isfinite(value) for pair in losses.values() for value in pair)
     assert losses[False] == pytest.approx(losses["aot_eager"], rel=1e-5)
 

@@ -233,8 +233,8 @@ def test_the_trainer_evaluates_with_the_averaged_weights() -> None:
     plain = _trainer(max_duration="12ba")
     plain.state = plain.state.replace(params=dict(average["params"]), buffers=dict(average["buffers"]))
     expected = plain.eval()
-    assert metrics["eval_accuracy"] == expected["eval_accuracy"]
-    assert metrics["eval_loss"] == expected["eval_loss"]
+    assert metrics["eval/eval/accuracy"] == expected["eval/eval/accuracy"]
+    assert metrics["eval/eval/loss"] == expected["eval/eval/loss"]
 
 
 def test_training_after_evaluation_continues_bit_for_bit_from_the_training_weights() -> None:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from composer_fn import Trainer, optim
 from composer_fn import random as R
 from composer_fn.algorithms import EarlyStopper, ThresholdStopper
+from composer_fn.core.time import Timestamp
 from composer_fn.data import TensorLoader
 from composer_fn.loggers import InMemoryLogger
 from composer_fn.models import MLP
@@ -25,18 +26,21 @@ HELD_OUT = (R.normal(R.key(2), (48, 6)), R.randint(R.key(3), 0, 3, (48,)))
 
 def _run(*algorithms: Any, max_duration: str = "30ba", **arguments: Any) -> tuple[Trainer, list[dict[str, Any]]]:
     memory = InMemoryLogger()
+    options: dict[str, Any] = {
+        "eval_dataloader": TensorLoader(HELD_OUT, batch_size=16, shuffle=False),
+        "eval_interval": "2ba",
+        "log_interval": "1ba",
+        **arguments,
+    }
     trainer = Trainer(
         MLP(6, 3, hidden=(32,)),
         TensorLoader(DATA, batch_size=8, seed=4),
-        TensorLoader(HELD_OUT, batch_size=16, shuffle=False),
         max_duration=max_duration,
         optimizer=optim.sgd(0.5, momentum=0.9),
         algorithms=list(algorithms),
-        eval_interval="2ba",
-        log_interval="1ba",
         loggers=[memory],
         progress_bar=False,
-        **arguments,
+        **options,
     )
     trainer.fit()
     return trainer, memory.records
@@ -57,14 +61,14 @@ def _reference_early_stop(values: list[float], patience: int, min_delta: float, 
 
 def test_early_stopping_ends_the_run_at_the_evaluation_the_rule_names() -> None:
     _, full = _run(max_duration="60ba")
-    losses = [r["eval_loss"] for r in full if r["kind"] == "eval"]
+    losses = [r["eval/eval/loss"] for r in full if r["kind"] == "eval"]
     stop = _reference_early_stop(losses, 2, 0.0, lower=True)
     assert stop is not None, "the held-out loss must stop improving within the run for this test to mean anything"
-    trainer, records = _run(EarlyStopper("eval_loss", patience=2), max_duration="60ba")
+    trainer, records = _run(EarlyStopper("loss", patience=2), max_duration="60ba")
     assert trainer.timestamp.batch == 2 * (stop + 1)
     assert [r for r in records if r["kind"] == "stop"] == [{"kind": "stop", "step": 2 * (stop + 1), "by": "early_stopper"}]
     # What was trained until then is the unstopped run's.
-    assert [r["eval_loss"] for r in records if r["kind"] == "eval"] == losses[: stop + 1]
+    assert [r["eval/eval/loss"] for r in records if r["kind"] == "eval"] == losses[: stop + 1]
 
 
 def test_threshold_stopping_on_the_training_loss_ends_at_the_first_log_step_below_it() -> None:
@@ -77,7 +81,7 @@ def test_threshold_stopping_on_the_training_loss_ends_at_the_first_log_step_belo
 
 
 def test_a_resumed_run_stops_where_the_uninterrupted_one_did(tmp_path: Path) -> None:
-    stopper = EarlyStopper("eval_accuracy", patience=3, min_delta=0.01)
+    stopper = EarlyStopper("accuracy", patience=3, min_delta=0.01)
     whole, _ = _run(stopper, max_duration="60ba")
     assert whole.timestamp.batch < 60
     _run(stopper, max_duration="60ba", save_folder=str(tmp_path), save_interval="4ba")
@@ -100,7 +104,7 @@ def test_the_early_stopping_rule_is_its_definition(values: list[float], patience
     assert rule is not None
     entry, stopped_at = stopper.init(None, None), None  # type: ignore[arg-type]
     for index, value in enumerate(values):
-        entry, stop = rule(entry, {"score": value}, "eval")
+        entry, stop = rule(entry, {"eval/eval/score": value}, "eval", Timestamp(batch=index))
         if stop:
             stopped_at = index
             break
@@ -108,15 +112,17 @@ def test_the_early_stopping_rule_is_its_definition(values: list[float], patience
 
 
 def test_an_unlogged_metric_is_named_with_what_is_logged() -> None:
-    with pytest.raises(ValueError, match=r"EarlyStopper monitors 'eval_f1', which the run does not log .*eval_accuracy"):
-        _run(EarlyStopper("eval_f1"))
+    with pytest.raises(ValueError, match=r"EarlyStopper monitors 'eval/eval/f1', which the run does not log .*eval/eval/accuracy"):
+        _run(EarlyStopper("f1"))
 
 
 @pytest.mark.parametrize(
     ("build", "message"),
     [
         (lambda: EarlyStopper(""), "monitor=''"),
-        (lambda: EarlyStopper(dataloader_label="test"), "dataloader_label='test' must be one of 'eval', 'train'"),
+        (lambda: EarlyStopper(dataloader_label=""), "dataloader_label=''"),
+        (lambda: EarlyStopper(patience="2dur"), "patience='2dur'"),
+        (lambda: EarlyStopper(patience="0ep"), "patience='0ep'"),
         (lambda: EarlyStopper(comp="eq"), "comp='eq' must be one of"),
         (lambda: EarlyStopper(patience=0), "patience=0"),
         (lambda: EarlyStopper(min_delta=-1.0), "min_delta=-1.0"),
@@ -127,3 +133,75 @@ def test_an_unlogged_metric_is_named_with_what_is_logged() -> None:
 def test_bad_arguments_are_refused_naming_them(build: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build()
+
+
+@given(
+    st.lists(st.floats(-5, 5), min_size=1, max_size=20),
+    st.integers(1, 12),
+    st.integers(1, 3),
+)
+def test_a_patience_in_batches_is_the_span_since_the_best_check(values: list[float], patience: int, every: int) -> None:
+    # Checks every ``every`` batches: the run ends at the first check not improving that is ``patience`` batches
+    # or more after the best one (or after the start, before any).
+    stopper = EarlyStopper("score", comp="lt", patience=f"{patience}ba")
+    rule = stopper.capabilities().stops
+    assert rule is not None
+    entry, stopped_at = stopper.init(None, None), None  # type: ignore[arg-type]
+    for index, value in enumerate(values):
+        entry, stop = rule(entry, {"eval/eval/score": value}, "eval", Timestamp(batch=every * (index + 1)))
+        if stop:
+            stopped_at = index
+            break
+    best_batch, expected = 0, None
+    for index, value in enumerate(values):
+        if index == 0 or value < min(values[:index]):
+            best_batch = every * (index + 1)
+        elif every * (index + 1) - best_batch >= patience:
+            expected = index
+            break
+    assert stopped_at == expected
+
+
+def test_a_patience_in_epochs_counts_epochs_since_the_best_evaluation() -> None:
+    _, full = _run(max_duration="60ba", eval_interval="1ep")  # 12 batches an epoch
+    losses = [r["eval/eval/loss"] for r in full if r["kind"] == "eval"]
+    in_checks = _reference_early_stop(losses, 2, 0.0, lower=True)
+    trainer, _ = _run(EarlyStopper("loss", patience="2ep"), max_duration="60ba", eval_interval="1ep")
+    stopped = trainer.timestamp.batch
+    # One evaluation an epoch: two epochs since the best are two checks.
+    assert stopped == (12 * (in_checks + 1) if in_checks is not None else 60)
+
+
+def test_a_stopper_watching_an_evaluator_the_run_lacks_is_refused_when_the_trainer_is_built() -> None:
+    with pytest.raises(ValueError, match=r"EarlyStopper\(dataloader_label='eval'\).*has no eval_dataloader"):
+        Trainer(
+            MLP(6, 3),
+            TensorLoader(DATA, batch_size=8),
+            max_duration="2ba",
+            optimizer=optim.sgd(0.1),
+            algorithms=[EarlyStopper("loss")],
+            progress_bar=False,
+        )
+    with pytest.raises(ValueError, match=r"ThresholdStopper\(dataloader_label='val'\).*labelled 'eval'"):
+        _run(ThresholdStopper("accuracy", dataloader_label="val", threshold=0.5))
+
+
+def test_a_stopper_watches_the_named_evaluator_it_is_given() -> None:
+    from composer_fn import Evaluator
+
+    evaluators = [
+        Evaluator("whole", TensorLoader(HELD_OUT, batch_size=16, shuffle=False)),
+        Evaluator("first", TensorLoader(HELD_OUT, batch_size=16, shuffle=False), subset_num_batches=1),
+    ]
+    _, full = _run(max_duration="40ba", eval_dataloader=evaluators)
+    first = [r["eval/first/accuracy"] for r in full if r["kind"] == "eval"]
+    whole = [r["eval/whole/accuracy"] for r in full if r["kind"] == "eval"]
+    assert first != whole, "the two evaluators must differ for this test to mean anything"
+    threshold = sorted(first)[len(first) // 2]
+    expected = next(index for index, value in enumerate(first) if value >= threshold)
+    trainer, _ = _run(
+        ThresholdStopper("accuracy", dataloader_label="first", threshold=threshold),
+        max_duration="40ba",
+        eval_dataloader=evaluators,
+    )
+    assert trainer.timestamp.batch == 2 * (expected + 1)

@@ -90,8 +90,8 @@ def test_two_ranks_equal_one_process_with_their_batches_as_microbatches(
         for field in ("params", "opt", "algos"):
             _assert_bitwise(expected[field], got[field], f"rank {rank}'s {field} ({optimizer}, compile={compile})")
         # Every held-out sample counted once, on whichever rank: the metrics are the one-process ones exactly.
-        assert got["metrics"]["eval_accuracy"] == expected["metrics"]["eval_accuracy"]
-        assert got["metrics"]["eval_loss"] == expected["metrics"]["eval_loss"]
+        assert got["metrics"]["eval/eval/accuracy"] == expected["metrics"]["eval/eval/accuracy"]
+        assert got["metrics"]["eval/eval/loss"] == expected["metrics"]["eval/eval/loss"]
 
 
 def test_per_sample_mixing_of_two_ranks_equals_one_process_with_their_batches_as_microbatches(

@@ -137,7 +137,7 @@ def test_a_causal_lm_trains_with_the_default_loss() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         metrics = trainer.fit()
-    assert torch.isfinite(torch.tensor(metrics["loss"])) and 0.0 <= metrics["eval_accuracy"] <= 1.0
+    assert torch.isfinite(torch.tensor(metrics["loss"])) and 0.0 <= metrics["eval/eval/accuracy"] <= 1.0
 
 
 @pytest.mark.parametrize(

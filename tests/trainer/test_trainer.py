@@ -43,7 +43,7 @@ def _trainer(model=None, algorithms=(), max_duration="2ep", **kwargs) -> Trainer
 def test_the_digits_cnn_reaches_97_percent_held_out_accuracy() -> None:
     trainer = _trainer(SmallCNN(1, 10), [MixUp(), LabelSmoothing()], max_duration="8ep")
     metrics = trainer.fit()
-    assert metrics["eval_accuracy"] >= 0.97
+    assert metrics["eval/eval/accuracy"] >= 0.97
 
 
 def test_resuming_from_a_mid_epoch_checkpoint_equals_the_uninterrupted_run(tmp_path: Path) -> None:
@@ -119,7 +119,7 @@ def test_the_jsonl_logger_gets_a_record_per_logged_step_and_per_evaluation(tmp_p
     steps = trainer.timestamp.batch
     assert [r["step"] for r in train] == [s for s in range(1, steps + 1) if s % 5 == 0 or s == steps]
     assert [r["epoch"] for r in evals] == [0, 1]
-    assert all(0.0 <= r["eval_accuracy"] <= 1.0 for r in evals)
+    assert all(0.0 <= r["eval/eval/accuracy"] <= 1.0 for r in evals)
 
 
 def test_callbacks_see_the_events_in_loop_order_and_counts() -> None:
@@ -164,7 +164,7 @@ def test_eval_reports_accuracy_and_leaves_the_state_alone() -> None:
     trainer.fit()
     params = {n: p.clone() for n, p in trainer.state.params.items()}
     results = trainer.eval()
-    assert set(results) == {"eval_accuracy", "eval_loss"}
+    assert set(results) == {"eval/eval/accuracy", "eval/eval/loss"}
     assert all(torch.equal(params[n], p) for n, p in trainer.state.params.items())
 
 
@@ -177,7 +177,7 @@ def test_the_users_model_is_left_untouched() -> None:
 
 def test_bf16_mixed_precision_trains() -> None:
     metrics = _trainer(max_duration="2ep", precision="bf16-mixed").fit()
-    assert metrics["eval_accuracy"] > 0.8
+    assert metrics["eval/eval/accuracy"] > 0.8
 
 
 @pytest.mark.parametrize(
