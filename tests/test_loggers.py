@@ -114,3 +114,32 @@ def test_loggers_receive_every_record_in_order_even_when_the_run_fails() -> None
     with pytest.raises(RuntimeError, match="stop here"):
         trainer.fit()
     assert [r["step"] for r in memory.records if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
+
+
+def test_the_plan_is_logged_once_at_the_start_as_the_plan_command_prints_it(tmp_path: Path) -> None:
+    from composer_fn.algorithms import LabelSmoothing, MixUp
+    from composer_fn.dry_run import dry_run
+
+    algorithms = [MixUp(), LabelSmoothing(0.1)]
+    memory, stream = InMemoryLogger(), io.StringIO()
+    Trainer(
+        MLP(6, 2),
+        TensorLoader(DATA, batch_size=8),
+        max_duration="2ep",
+        optimizer=optim.sgd(0.1),
+        algorithms=algorithms,
+        loggers=[memory, ConsoleLogger(stream), TensorBoardLogger(tmp_path / "tb")],
+        progress_bar=False,
+    ).fit()
+    schedules = [r for r in memory.records if r["kind"] == "schedule"]
+    expected = dry_run(algorithms, "8ba", 4).format()
+    assert schedules == [{"kind": "schedule", "table": expected}]
+    assert expected in stream.getvalue()
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
+    events.Reload()
+    tags = [tag for tag in events.Tags()["tensors"] if tag.startswith("schedule")]
+    assert len(tags) == 1
+    assert "BEFORE_LOSS" in events.Tensors(tags[0])[0].tensor_proto.string_val[0].decode()
+    plain = InMemoryLogger()
+    Trainer(MLP(6, 2), TensorLoader(DATA, batch_size=8), max_duration="1ba", optimizer=optim.sgd(0.1), loggers=[plain], progress_bar=False).fit()
+    assert not [r for r in plain.records if r["kind"] == "schedule"]  # no algorithm, no plan

@@ -1,12 +1,12 @@
 """TensorBoard and console destinations for the trainer's records.
 
-``TensorBoardLogger`` writes through ``torch.utils.tensorboard.SummaryWriter``: the run's settings once, as a
-text summary (``hparams``); each training record's numbers as scalars ``train/<name>`` at its step (a
-monitor's ``section/name``, such as ``throughput/samples_per_second``, as it is); each evaluation's as
-``eval/<name>``; the run's wall time as ``fit/wall_time``; each step where algorithms switch on or off, as
-text ``plan``. ``ConsoleLogger`` prints one
-readable line per training record and per evaluation, through tqdm so that a progress bar stays intact.
-"""
+``TensorBoardLogger`` writes through ``torch.utils.tensorboard.SummaryWriter``: the run's settings once, as
+text ``hparams``; the plan of the run's start as ``composer-fn plan`` prints it, once, as text ``schedule``;
+each training record's numbers as scalars ``train/<name>`` at its step (a name with a section, such as a
+monitor's ``throughput/samples_per_second`` or an evaluator's ``eval/<label>/<metric>``, as it is); the run's
+wall time as ``fit/wall_time``; each step where algorithms switch on or off, as text ``plan``.
+``ConsoleLogger`` prints one readable line per training record and per evaluation, and the plan once, through
+tqdm so that a progress bar stays intact."""
 
 from __future__ import annotations
 
@@ -53,8 +53,10 @@ class TensorBoardLogger(Logger):
         kind = record.get("kind")
         if kind == "hparams":
             settings = {name: value for name, value in record.items() if name != "kind"}
-            text = "\n".join(f"    {line}" for line in json.dumps(settings, indent=2, sort_keys=True).splitlines())
-            self._writer.add_text("hparams", text, global_step=0)
+            self._writer.add_text("hparams", _code(json.dumps(settings, indent=2, sort_keys=True)), global_step=0)
+            return
+        if kind == "schedule":
+            self._writer.add_text("schedule", _code(str(record["table"])), global_step=0)
             return
         if kind == "plan":
             self._hand_over()
@@ -157,9 +159,16 @@ def _line(record: dict[str, Any]) -> str | None:
         return f"{where} " + " | ".join(metrics)
     if kind == "plan":
         return f"[batch {record.get('step', '?')}] {_switch(record)}"
+    if kind == "schedule":
+        return f"the run's plan:\n{record['table']}"
     if kind == "fit":
         return f"[done at batch {record.get('step', '?')}] wall time {record.get('wall_time', float('nan')):.1f} s"
     return None
+
+
+def _code(text: str) -> str:
+    # TensorBoard renders text as markdown: indented lines keep their alignment.
+    return "\n".join(f"    {line}" for line in text.splitlines())
 
 
 def _switch(record: dict[str, Any]) -> str:

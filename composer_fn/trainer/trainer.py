@@ -566,6 +566,8 @@ class Trainer:
         """
         self.static.module.train()
         self._log({"kind": "hparams", **hparams_of(self)})
+        if self.loggers and self.algorithms:
+            self._log({"kind": "schedule", "table": self._schedule()})
         actions: dict[Event | Action, Callable[[], Progress | Action | None]] = {
             Event.BEFORE_DATALOADER: self._next_batch,
             Event.BATCH_START: lambda: self._host_event(Event.BATCH_START, self._meta),
@@ -632,6 +634,17 @@ class Trainer:
         for logger in self.loggers:
             logger.close()
         return dict(self.metrics)
+
+    def _schedule(self) -> str:
+        # The plan of the run's start as `composer-fn plan` prints it, logged once; after SCHEDULE_STEPS, plan
+        # records say as the run goes where algorithms switch on and off.
+        from composer_fn.dry_run import dry_run
+
+        steps = min(self.max_steps, SCHEDULE_STEPS)
+        table = dry_run(self.algorithms, Time(steps, TimeUnit.BATCH), self.steps_per_epoch, passes=self.passes).format()
+        if steps < self.max_steps:
+            table += f"\n(the first {steps} of {self.max_steps} steps)"
+        return table
 
     def _next_batch(self) -> None:
         # BEFORE_DATALOADER, then the loader: a loader that runs out early ends the epoch early.
@@ -1093,6 +1106,10 @@ def _unnamed(loader: Any) -> Evaluator:
     for name, value in fields:
         object.__setattr__(evaluator, name, value)
     return evaluator
+
+
+SCHEDULE_STEPS = 2000
+"""How many steps of the run the schedule logged at its start covers (a dry run plans each of them)."""
 
 
 class _Switches:
