@@ -233,7 +233,7 @@ class SWA(Algorithm):
             raise ValueError("SWA needs timestamps whose max_duration is in batches (the Trainer sets it)")
         finished_batches = now.batch - now.batch_in_epoch
         # Epochs have one length in a run; before the first epoch ends no event depends on it.
-        steps_per_epoch = finished_batches // now.epoch if now.epoch > 0 and finished_batches > 0 else max(max_steps, 1)
+        steps_per_epoch = max(finished_batches // now.epoch, 1) if now.epoch > 0 and finished_batches > 0 else max(max_steps, 1)
         return _events(self, steps_per_epoch, max_steps)
 
     def capabilities(self) -> Capabilities:

@@ -244,3 +244,12 @@ def test_a_compiled_run_equals_the_eager_run(fresh_compiler) -> None:
     for name, tensor in eager.state.params.items():
         torch.testing.assert_close(compiled.state.params[name], tensor, rtol=0, atol=1e-6)
     assert math.isfinite(float(compiled.state.params["head.bias"].sum()))
+
+
+def test_a_timestamp_with_more_epochs_than_finished_batches_is_matched_without_error() -> None:
+    from composer_fn.core.event import Event
+    from composer_fn.core.time import Time, Timestamp, TimeUnit
+
+    swa = SWA(swa_start="1ep", swa_end="2ep")
+    stamp = Timestamp(epoch=3, batch=2, batch_in_epoch=0, max_duration=Time(10, TimeUnit.BATCH))
+    assert swa.match(Event.EPOCH_END, stamp) in (True, False)
