@@ -1087,6 +1087,11 @@ def _check_watched(algorithms: Sequence[Algorithm], evaluators: Sequence[Evaluat
     labels = [e.label for e in evaluators]
     for algorithm in algorithms:
         watched = algorithm.capabilities().watches
+        if watched == "train" and "train" in labels:
+            raise ValueError(
+                f"{type(algorithm).__name__}(dataloader_label='train') reads the training record, but an evaluator "
+                "is labelled 'train' too: expected another label for that Evaluator (e.g. 'train_eval')"
+            )
         if watched is None or watched == "train" or watched in labels:
             continue
         raise ValueError(

@@ -205,3 +205,11 @@ def test_a_stopper_watches_the_named_evaluator_it_is_given() -> None:
         eval_dataloader=evaluators,
     )
     assert trainer.timestamp.batch == 2 * (expected + 1)
+
+
+def test_a_train_stopper_beside_an_evaluator_labelled_train_is_refused_as_ambiguous() -> None:
+    from composer_fn import Evaluator
+
+    evaluators = [Evaluator("train", TensorLoader(DATA, batch_size=16, shuffle=False))]
+    with pytest.raises(ValueError, match=r"ThresholdStopper\(dataloader_label='train'\).*labelled 'train' too"):
+        _run(ThresholdStopper("loss", dataloader_label="train", threshold=0.1), eval_dataloader=evaluators)
