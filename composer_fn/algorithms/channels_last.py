@@ -2,42 +2,148 @@
 
 A host hook at INIT returns new parameters in ``torch.channels_last`` format; values are unchanged, so the
 model computes the same outputs. Inputs follow the weights' format inside convolutions.
+
+One exception, on the CPU only: oneDNN's AVX2 kernel for the weight gradient of a 1×1 convolution with a
+stride, no padding and fewer than 8 input channels (one group) writes past its workspace in channels-last
+format, giving wrong gradients or a corrupted heap (``benchmarks/channels_last_sweep.py`` finds exactly these
+layers). Where the CPU's convolutions take oneDNN's AVX2 kernels, such layers keep a contiguous weight and
+make their input contiguous (a forward pre-hook), so they run the correct NCHW kernel; a warning names them.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import os
+import warnings
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from composer_fn.algorithms._surgery import shared_copy
 from composer_fn.core.algorithm import Algorithm, HostHook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static
 from composer_fn.core.time import Timestamp
 
-__all__ = ["ChannelsLast", "apply_channels_last", "channels_last_tensors"]
+__all__ = [
+    "ChannelsLast",
+    "apply_channels_last",
+    "channels_last_tensors",
+    "channels_last_fault",
+    "onednn_avx2_kernels",
+    "ONEDNN_FAULT",
+]
+
+ONEDNN_FAULT = (
+    "oneDNN's AVX2 kernel for the weight gradient of a 1×1 convolution with a stride, no padding and fewer than "
+    "8 input channels writes past its workspace in channels-last format, giving wrong gradients or a corrupted "
+    "heap (upstream oneDNN issue: '1x1 convolution backward_weights writes past the rtus workspace (nhwc, IC < "
+    "ic_block)')"
+)
+"""The upstream fault that ChannelsLast steps around on the CPU."""
+
+_BELOW_AVX2 = ("SSE41", "AVX")
+"""``ONEDNN_MAX_CPU_ISA`` values that keep oneDNN below its AVX2 kernels."""
 
 
-def channels_last_tensors(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Returns the tensors with every 4-d one in ``torch.channels_last`` format (others are kept as they are)."""
+def onednn_avx2_kernels() -> bool:
+    """Returns whether this process's CPU convolutions run oneDNN's AVX2 kernels.
+
+    They do on a CPU whose best vector ISA is AVX2 (ATen's ``torch.backends.cpu.get_cpu_capability()``), unless
+    ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``) caps oneDNN below AVX2, and on an AVX-512 CPU whose oneDNN
+    is capped at an AVX2 ISA (``AVX2``, ``AVX2_VNNI``, ``AVX2_VNNI_2``).
+    """
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return False
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    machine = torch.backends.cpu.get_cpu_capability()
+    if machine == "AVX2":
+        return cap not in _BELOW_AVX2
+    return machine == "AVX512" and cap.startswith("AVX2")
+
+
+def channels_last_fault(module: nn.Module) -> bool:
+    """Returns whether ``module`` is a convolution whose weight gradient oneDNN's AVX2 kernels get wrong in
+    channels-last format: a ``Conv2d`` of one group with a 1×1 kernel, a stride, no padding and fewer than 8
+    input channels (see ``ONEDNN_FAULT``)."""
+    return (
+        isinstance(module, nn.Conv2d)
+        and module.groups == 1
+        and module.in_channels < 8
+        and module.kernel_size == (1, 1)
+        and module.stride != (1, 1)
+        and module.padding in ((0, 0), "valid")
+    )
+
+
+def _faulty_layers(module: nn.Module, device: torch.device) -> tuple[str, ...]:
+    # The layers to keep contiguous: on the CPU with oneDNN's AVX2 kernels only.
+    if device.type != "cpu" or not onednn_avx2_kernels():
+        return ()
+    return tuple(name for name, child in module.named_modules() if channels_last_fault(child))
+
+
+def _contiguous_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    # A contiguous input and weight make the convolution take oneDNN's NCHW kernel, which is correct.
+    return (args[0].contiguous(), *args[1:])
+
+
+def _guard(module: nn.Module, layers: Collection[str]) -> None:
+    # Registers the contiguous-input hook on each layer (once, however many times the module is converted).
+    for name in layers:
+        layer = module.get_submodule(name)
+        if _contiguous_input not in layer._forward_pre_hooks.values():
+            layer.register_forward_pre_hook(_contiguous_input)
+
+
+def _warn(layers: Collection[str]) -> None:
+    warnings.warn(
+        f"ChannelsLast keeps {len(layers)} layer(s) in contiguous format on this CPU ({', '.join(layers)}): "
+        f"{ONEDNN_FAULT}. Every other layer is channels-last.",
+        stacklevel=3,
+    )
+
+
+def channels_last_tensors(tensors: Mapping[str, Tensor], keep: Collection[str] = ()) -> dict[str, Tensor]:
+    """Returns the tensors with every 4-d one in ``torch.channels_last`` format, but those named in ``keep``
+    (others are kept as they are)."""
     return {
-        name: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for name, t in tensors.items()
+        name: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 and name not in keep else t
+        for name, t in tensors.items()
     }
 
 
 def apply_channels_last(model: nn.Module) -> nn.Module:
-    """Returns a copy of ``model`` whose 4-d parameters and buffers are channels-last; ``model`` is untouched."""
-    converted = copy.deepcopy(model)
-    return converted.to(memory_format=torch.channels_last)
+    """Returns a copy of ``model`` whose 4-d parameters and buffers are channels-last; ``model`` is untouched.
+
+    On a CPU that runs oneDNN's AVX2 kernels, the layers ``channels_last_fault`` names stay contiguous and
+    make their input contiguous, with a warning naming them.
+    """
+    converted = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    device = next((p.device for p in converted.parameters()), torch.device("cpu"))
+    layers = _faulty_layers(converted, device)
+    if layers:
+        _guard(converted, layers)
+        with torch.no_grad():
+            for name in layers:
+                layer = converted.get_submodule(name)
+                assert isinstance(layer, nn.Conv2d)
+                layer.weight.data = layer.weight.data.contiguous()
+        _warn(layers)
+    return converted
 
 
 @register
 @dataclass(frozen=True)
 class ChannelsLast(Algorithm):
-    """Converts convolution weights to channels-last memory format at INIT (Composer's ``ChannelsLast``)."""
+    """Converts convolution weights to channels-last memory format at INIT (Composer's ``ChannelsLast``).
+
+    On the CPU, the layers oneDNN's AVX2 kernels get wrong in that format stay contiguous (see the module
+    docstring), with a warning naming them.
+    """
 
     def host_hooks(self) -> Mapping[Event, HostHook]:
         return {Event.INIT: self._convert}
@@ -45,6 +151,13 @@ class ChannelsLast(Algorithm):
     def _convert(
         self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
     ) -> tuple[Static, State]:
+        layers = _faulty_layers(static.module, static.device)
+        if layers:
+            module = shared_copy(static.module)
+            _guard(module, layers)
+            static = static.replace(module=module)
+            _warn(layers)
+        kept = {f"{name}.weight" for name in layers}
         return static, state.replace(
-            params=channels_last_tensors(state.params), buffers=channels_last_tensors(state.buffers)
+            params=channels_last_tensors(state.params, kept), buffers=channels_last_tensors(state.buffers)
         )

@@ -11,6 +11,7 @@ from composer_fn.optim.base import (
     apply_updates_,
     chain,
     identity,
+    in_layout_of,
     masked,
     named_chain,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "add_decayed_weights",
     "apply_updates",
     "apply_updates_",
+    "in_layout_of",
     "chain",
     "clip_by_global_norm",
     "clip_by_value",

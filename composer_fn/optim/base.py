@@ -42,6 +42,7 @@ __all__ = [
     "restrict_state",
     "merge_state",
     "aligned",
+    "in_layout_of",
 ]
 
 Params = Mapping[str, Tensor]
@@ -319,6 +320,22 @@ def aligned(
     check_same_keys(argument, updates, params)
     names = list(params.keys())
     return names, [params[k] for k in names], [updates[k] for k in names]
+
+
+def in_layout_of(tensors: Mapping[str, Tensor], like: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Returns ``tensors`` with each laid out in memory as ``like``'s tensor of the same name (its strides).
+
+    The backward may hand a gradient back in another layout than its parameter's (channels-last strides for
+    a contiguous weight after a permute, as in ConvNeXt's ``LayerNorm2d``); kernels that pair elements by
+    memory order (torch's fused optimizer steps) need both in one. A tensor already in its layout is returned
+    as it is; another is copied into a new tensor of that layout, with the same values.
+    """
+    laid_out = dict(tensors)
+    for name, tensor in tensors.items():
+        template = like[name]
+        if tensor.stride() != template.stride():
+            laid_out[name] = torch.empty_like(template, dtype=tensor.dtype).copy_(tensor)
+    return laid_out
 
 
 def apply_updates(params: Params, updates: Updates) -> dict[str, Tensor]:

@@ -4,7 +4,8 @@
 place: it writes the new parameters into ``params``' tensors and the new moments into ``state``'s, and returns
 the new state record (a new count; the same moment tensors). ``scale`` multiplies the learning rate, and with
 it every term the learning rate multiplies (the schedule's multiplier). The arithmetic is torch's: the fused
-kernels ``torch._fused_sgd_``/``_fused_adam_``/``_fused_adamw_`` where the tensors' device has them, else
+kernels ``torch._fused_sgd_``/``_fused_adam_``/``_fused_adamw_`` where the tensors' device has them and each
+parameter's gradient and state share its memory layout (the kernels pair elements in memory order), else
 torch's foreach sequence. It runs eagerly only (it reads the step count on the host); compiled steps use the
 functional ``update``, which inductor fuses anyway.
 
@@ -69,8 +70,19 @@ def _groups(*lists: list[Tensor]) -> list[tuple[bool, _Group]]:
                 if values:
                     slot.append(values[index])
     return [
-        (device.type in _FUSED_DEVICES and dtype in _FUSED_DTYPES, slots) for (device, dtype), slots in groups.items()
+        (device.type in _FUSED_DEVICES and dtype in _FUSED_DTYPES and _one_layout(slots), slots)
+        for (device, dtype), slots in groups.items()
     ]
+
+
+def _one_layout(group: _Group) -> bool:
+    # The fused kernels pair the i-th elements of a parameter, its gradient and its state in memory order, so
+    # they are exact only where all of them share the parameter's strides; torch's foreach arithmetic pairs
+    # elements by index, in any layout.
+    params, *others = group
+    return all(
+        tensor.stride() == param.stride() for tensors in others if tensors for tensor, param in zip(tensors, params, strict=True)
+    )
 
 
 def _decay_in_place(params: list[Tensor], amount: float) -> None:

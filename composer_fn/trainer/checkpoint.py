@@ -34,6 +34,7 @@ from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, algorithms_from_json
 from composer_fn.core.state import State
 from composer_fn.core.time import Timestamp
+from composer_fn.optim.base import in_layout_of
 
 __all__ = [
     "save_checkpoint",
@@ -288,7 +289,8 @@ def load_weights(
     Everything else (optimizer and algorithm state, step, key) stays the template's, so the new run may use
     another optimizer or other algorithms. Names matching a pattern of ``ignore_keys`` (``fnmatch``, e.g.
     ``'head.*'``) are not loaded. With ``strict``, every other name must be in both the checkpoint and the
-    model; without it, names in one only are skipped. A name in both must have the same shape.
+    model; without it, names in one only are skipped. A name in both must have the same shape. Loaded tensors
+    take the template's dtype, device and memory layout.
     """
     payload = _read(path, device)
     merged = {}
@@ -300,10 +302,10 @@ def load_weights(
             _check_tensors(kind, loaded, wanted)
         shared = {name: tensor for name, tensor in loaded.items() if name in wanted}
         _check_tensors(kind, shared, {name: wanted[name] for name in shared})
-        merged[kind] = {
-            name: shared[name].to(dtype=tensor.dtype, device=tensor.device) if name in shared else tensor
-            for name, tensor in expected.items()
-        }
+        # Loaded tensors take the run's dtype, device and memory layout (weights saved by a ChannelsLast run
+        # start a contiguous one contiguous): its optimizer state was laid out like its own parameters.
+        converted = {name: t.to(dtype=expected[name].dtype, device=expected[name].device) for name, t in shared.items()}
+        merged[kind] = {**expected, **in_layout_of(converted, expected)}
     return template.replace(params=merged["params"], buffers=merged["buffers"])
 
 

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from composer_fn.core import random as R
 from composer_fn.core.state import LossFn, State, batch_get
 from composer_fn.nn import forward_keys
-from composer_fn.optim.base import OptState
+from composer_fn.optim.base import OptState, in_layout_of
 from composer_fn.trainer.loss_scale import DynamicLossScale
 
 __all__ = ["ModuleSlots", "make_plain_step", "KeyedForward", "Update"]
@@ -86,7 +86,7 @@ def make_plain_step(
     of the parameters not in ``frozen`` by ``torch.autograd.grad``, and ``update``. The random layers named in
     ``key_names`` draw from ``fold_in(state.key, state.step)``, as in the reference step. With ``scaler`` (fp16),
     it differentiates the scaled loss, unscales the gradients, skips the update when one is not finite and
-    updates the scale in ``state.hparams``.
+    updates the scale in ``state.hparams``. Gradients reach ``update`` in their parameters' memory layout.
     """
 
     def plain_step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
@@ -99,7 +99,7 @@ def make_plain_step(
         objective = loss if scaler is None else scaler.scale(loss, state.hparams)
         # A layer that skipped its compute this step (a dropped stochastic block) gets zero gradients.
         differentiated = torch.autograd.grad(objective, [leaves[n] for n in trainable], materialize_grads=True)
-        grads = dict(zip(trainable, differentiated, strict=True))
+        grads = in_layout_of(dict(zip(trainable, differentiated, strict=True)), state.params)
         if scaler is None:
             params, opt = update(grads, state.opt, state.params)
             return state.replace(params=params, buffers=buffers, opt=opt, step=state.step + 1), {"loss": loss.detach()}

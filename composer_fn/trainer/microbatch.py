@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from composer_fn.core import random as R
 from composer_fn.core.state import LossFn, State, StepCtx, batch_get
+from composer_fn.optim.base import in_layout_of
 
 __all__ = ["Reduce", "Summing", "failed_contribution", "microbatched_step", "norm_statistics", "split_batch"]
 
@@ -114,7 +115,8 @@ def _combine(
     total, parts = flat[-2], flat[-1]
     share = total / unit if unit != 1 else total
     summed = dict(zip(reversed(grads), flat, strict=False))
-    mean = {name: summed[name].div_(share) for name in grads}
+    # A sum across processes comes back contiguous: each gradient returns to its parameter's layout.
+    mean = in_layout_of({name: summed[name].div_(share) for name in grads}, grads)
     averaged = {name: b / parts for name, b in zip(statistics, flat[len(grads) :], strict=False)}
     return mean, flat[-3] / total, averaged, total
 

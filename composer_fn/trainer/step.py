@@ -45,6 +45,7 @@ from composer_fn.optim.base import (
     GradientTransformation,
     OptState,
     apply_updates,
+    in_layout_of,
     merge_state,
     restrict_state,
 )
@@ -320,6 +321,8 @@ def make_train_step(
                 for hook in hooks:
                     hook.remove()
                 grads = dict(zip(leaves, differentiated, strict=True))
+        # Hooks, sums and the update pair a gradient with its parameter: give it the parameter's layout.
+        grads = in_layout_of(grads, params)
         if scaler is not None:
             grads = scaler.unscale(grads, state.hparams)
         loss = aux[1].loss

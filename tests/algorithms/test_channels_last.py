@@ -1,12 +1,22 @@
-"""ChannelsLast: a change of memory format only; outputs are those of the original model."""
+"""ChannelsLast: a change of memory format only; outputs are those of the original model, and training is the
+contiguous model's on every CPU."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from torch import nn
 
+from composer_fn import Trainer, optim
 from composer_fn.algorithms import ChannelsLast
+from composer_fn.algorithms.channels_last import _faulty_layers, channels_last_fault, onednn_avx2_kernels
 from composer_fn.core import random as R
 from composer_fn.functional import apply_channels_last, channels_last_tensors
 from composer_fn.models import SmallCNN
@@ -47,3 +57,143 @@ def test_channels_last_tensors_keeps_other_ranks_as_they_are() -> None:
     assert converted["b"] is tensors["b"]
     assert converted["w"].is_contiguous(memory_format=torch.channels_last)
     assert tensors["w"].is_contiguous()
+
+
+# The oneDNN fault: its AVX2 weight-gradient kernel for 1×1 strided convolutions with fewer than 8 input
+# channels writes past its workspace in channels-last format (benchmarks/channels_last_sweep.py).
+
+FAULTY_RUN = """
+import copy, sys, warnings
+import torch
+from torch import nn
+torch.set_num_threads(int(sys.argv[1]))
+from composer_fn import Trainer, optim
+from composer_fn.algorithms import ChannelsLast
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(4, 4, 3), nn.ReLU(), nn.Conv2d(4, 8, 1, stride=2), nn.ReLU(), nn.Flatten(),
+                      nn.Linear(8 * 4 * 4, 10))
+generator = torch.Generator().manual_seed(0)
+batches = [(torch.randn(8, 4, 10, 10, generator=generator), torch.randint(0, 10, (8,), generator=generator))
+           for _ in range(3)]
+results = []
+for algorithms in ([], [ChannelsLast()]):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = Trainer(copy.deepcopy(model), batches, max_duration="3ba", optimizer=optim.sgd(0.1, momentum=0.9),
+                          algorithms=algorithms, progress_bar=False)
+    print("WARNING", [str(w.message) for w in caught if "ChannelsLast" in str(w.message)])
+    trainer.fit()
+    results.append(trainer.state.params)
+plain, converted = results
+assert all(torch.allclose(converted[n], plain[n], rtol=1e-5, atol=1e-5) for n in plain), "ChannelsLast changed the run"
+print("SAME")
+"""
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_channels_last_trains_as_the_contiguous_run_on_onednns_avx2_kernels(threads: int, tmp_path: Path) -> None:
+    # ONEDNN_MAX_CPU_ISA=AVX2 makes an AVX-512 machine take the AVX2 kernels (on an AVX2 machine, its own). Unguarded,
+    # one thread corrupts the heap and aborts; two train on wrong gradients.
+    script = tmp_path / "run.py"
+    script.write_text(FAULTY_RUN)
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run([sys.executable, str(script), str(threads)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "SAME" in done.stdout, done.stdout + done.stderr
+    if onednn_avx2_kernels_in(env):
+        assert "keeps 1 layer(s) in contiguous format on this CPU (2)" in done.stdout
+
+
+def onednn_avx2_kernels_in(env: dict[str, str]) -> bool:
+    code = "from composer_fn.algorithms.channels_last import onednn_avx2_kernels; print(onednn_avx2_kernels())"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.strip() == "True"
+
+
+@pytest.mark.parametrize(
+    ("layer", "faulty"),
+    [
+        (nn.Conv2d(4, 8, 1, stride=2), True),
+        (nn.Conv2d(7, 16, 1, stride=(2, 1)), True),
+        (nn.Conv2d(1, 1, 1, stride=2), True),
+        (nn.Conv2d(8, 8, 1, stride=2), False),
+        (nn.Conv2d(4, 8, 1, stride=1), False),
+        (nn.Conv2d(4, 8, 1, stride=2, padding=1), False),
+        (nn.Conv2d(4, 8, 3, stride=2), False),
+        (nn.Conv2d(4, 4, 1, stride=2, groups=4), False),
+        (nn.Conv2d(4, 8, 1, stride=2, groups=2), False),
+        (nn.Linear(4, 8), False),
+    ],
+)
+def test_the_faulty_layers_are_the_strided_unpadded_1x1_convolutions_with_under_8_input_channels(
+    layer: nn.Module, faulty: bool
+) -> None:
+    assert channels_last_fault(layer) is faulty
+
+
+@pytest.mark.parametrize(
+    ("capability", "cap", "expected"),
+    [
+        ("AVX2", "", True),
+        ("AVX2", "AVX2", True),
+        ("AVX2", "AVX512_CORE", True),
+        ("AVX2", "SSE41", False),
+        ("AVX2", "avx", False),
+        ("AVX512", "", False),
+        ("AVX512", "AVX2", True),
+        ("AVX512", "avx2_vnni", True),
+        ("AVX512", "AVX512_CORE", False),
+        ("DEFAULT", "", False),
+    ],
+)
+def test_onednns_avx2_kernels_are_those_of_an_avx2_cpu_or_of_an_isa_capped_at_avx2(
+    capability: str, cap: str, expected: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert onednn_avx2_kernels() is expected
+
+
+def _faulty_model() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 8, 1, stride=2), nn.Flatten(), nn.LazyLinear(5))
+
+
+def test_on_avx2_kernels_the_faulty_layers_stay_contiguous_with_a_warning_and_every_other_is_converted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("composer_fn.algorithms.channels_last.onednn_avx2_kernels", lambda: True)
+    model = _faulty_model()
+    x = R.normal(R.key(3), (2, 3, 9, 9))
+    expected = model(x)
+    with pytest.warns(UserWarning, match=r"keeps 1 layer\(s\) in contiguous format on this CPU \(2\).*rtus workspace"):
+        converted = apply_channels_last(model)
+    assert converted[0].weight.is_contiguous(memory_format=torch.channels_last) and not converted[0].weight.is_contiguous()
+    assert converted[2].weight.is_contiguous() and not model[2]._forward_pre_hooks
+    seen = []
+    converted[2].register_forward_pre_hook(lambda module, args: seen.append(args[0].is_contiguous()))
+    torch.testing.assert_close(converted(x.contiguous(memory_format=torch.channels_last)), expected)
+    assert seen == [True]
+
+
+def test_the_algorithm_keeps_the_faulty_layers_contiguous_on_avx2_kernels_and_leaves_the_model_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("composer_fn.algorithms.channels_last.onednn_avx2_kernels", lambda: True)
+    model = _faulty_model()
+    model(torch.zeros(1, 3, 9, 9))
+    batches = [(R.normal(R.key(1), (4, 3, 9, 9)), torch.tensor([0, 1, 2, 3]))]
+    with pytest.warns(UserWarning, match=r"\(2\)"):
+        trainer = Trainer(model, batches, max_duration="1ba", algorithms=[ChannelsLast()], progress_bar=False,
+                          optimizer=optim.sgd(0.1))  # fmt: skip
+    params = trainer.state.params
+    assert params["2.weight"].is_contiguous() and params["0.weight"].is_contiguous(memory_format=torch.channels_last)
+    assert trainer.static.module is not model and not model[2]._forward_pre_hooks
+    assert len(trainer.static.module[2]._forward_pre_hooks) == 1
+
+
+def test_off_the_cpu_or_its_avx2_kernels_no_layer_is_kept_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _faulty_model()
+    monkeypatch.setattr("composer_fn.algorithms.channels_last.onednn_avx2_kernels", lambda: True)
+    assert _faulty_layers(model, torch.device("cuda")) == ()
+    assert _faulty_layers(model, torch.device("cpu")) == ("2",)
+    monkeypatch.setattr("composer_fn.algorithms.channels_last.onednn_avx2_kernels", lambda: False)
+    assert _faulty_layers(model, torch.device("cpu")) == ()

@@ -24,6 +24,7 @@ from composer_fn.optim import (
     apply_updates_,
     chain,
     identity,
+    in_layout_of,
     masked,
     named_chain,
     scale,
@@ -352,3 +353,28 @@ def test_bad_arguments_raise_errors_naming_them(
 ) -> None:
     with pytest.raises(error, match=argument):
         build()
+
+
+@given(
+    st.permutations(range(4)),
+    st.permutations(range(4)),
+    st.sampled_from([torch.float32, torch.bfloat16]),
+    st.integers(0, 2**16),
+)
+def test_in_layout_of_gives_the_templates_strides_and_keeps_every_value(
+    tensor_order: list[int], template_order: list[int], dtype: torch.dtype, seed: int
+) -> None:
+    # A tensor laid out in memory as dims ``order`` (outermost first), with the logical shape (2, 3, 4, 5).
+    def laid_out(values: Tensor, order: list[int]) -> Tensor:
+        return values.permute(*order).contiguous().permute(*[order.index(d) for d in range(4)])
+
+    values = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    given_tensor = laid_out(values, tensor_order)
+    template = laid_out(torch.zeros(2, 3, 4, 5), template_order)
+    before = given_tensor.clone()
+    result = in_layout_of({"w": given_tensor}, {"w": template})["w"]
+    assert torch.equal(result, values) and result.dtype == dtype
+    assert result.stride() == template.stride()
+    assert torch.equal(given_tensor, before)
+    if given_tensor.stride() == template.stride():
+        assert result is given_tensor

@@ -191,3 +191,41 @@ def test_the_in_place_step_keeps_each_parameters_dtype() -> None:
         assert {n: p.dtype for n, p in owned.items()} == {n: p.dtype for n, p in params.items()}
         assert not torch.equal(owned["full"], params["full"])
         assert pytree.tree_structure(state) == pytree.tree_structure(tx.init(params))
+
+
+LAYOUTS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+
+
+@pytest.mark.parametrize("state_layout", list(LAYOUTS))
+@pytest.mark.parametrize("grad_layout", list(LAYOUTS))
+@pytest.mark.parametrize("param_layout", list(LAYOUTS))
+@pytest.mark.parametrize("name", ["sgd", "sgd_nesterov", "adam", "adamw"])
+def test_the_in_place_step_pairs_each_element_with_its_own_gradient_and_state_in_any_memory_layout(
+    name: str, param_layout: str, grad_layout: str, state_layout: str, implementation: str
+) -> None:
+    # torch's fused kernels pair elements in memory order: a gradient laid out otherwise than its parameter (as
+    # the backward returns one after a permute) must still update each element by its own gradient.
+    tx = OPTIMIZERS[name]()
+    generator = torch.Generator().manual_seed(3)
+    params = {
+        "conv": torch.randn(6, 5, 3, 2, generator=generator, dtype=torch.float64),
+        "bias": torch.randn(6, generator=generator, dtype=torch.float64),
+    }
+    grads = [
+        {n: torch.randn(p.shape, generator=generator, dtype=torch.float64) for n, p in params.items()}
+        for _ in range(3)
+    ]
+    expected = run_ours(tx, params, grads)
+
+    def laid_out(tensor: Tensor, layout: str) -> Tensor:
+        return tensor.contiguous(memory_format=LAYOUTS[layout]) if tensor.dim() == 4 else tensor
+
+    owned = {n: laid_out(p.clone(), param_layout) for n, p in params.items()}
+    state = pytree.tree_map(
+        lambda t: laid_out(t, state_layout) if isinstance(t, Tensor) else t, tx.init(params)
+    )
+    history = []
+    for step_grads in grads:
+        state = tx.fused(owned, {n: laid_out(g, grad_layout) for n, g in step_grads.items()}, state, 1.0)  # type: ignore[misc]
+        history.append({n: p.clone() for n, p in owned.items()})
+    assert_same_trajectory(history, expected, tolerance=1e-12)

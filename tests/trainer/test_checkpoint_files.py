@@ -161,3 +161,25 @@ def test_resuming_with_another_run_length_says_the_schedule_changed(tmp_path: Pa
 def test_bad_checkpoint_options_are_refused_naming_them(tmp_path: Path, options, error, message) -> None:
     with pytest.raises(error, match=message):
         _trainer(options.pop("save_folder", tmp_path), **options)
+
+
+def test_weights_saved_channels_last_load_in_the_layout_of_the_run_that_loads_them(tmp_path: Path) -> None:
+    # A contiguous run's optimizer state is laid out like its contiguous parameters; weights saved by a
+    # ChannelsLast run must join it in that layout, with their values, and train as the same weights would.
+    from composer_fn.algorithms import ChannelsLast
+    from composer_fn.models import SmallCNN
+    from composer_fn.trainer.checkpoint import load_weights
+
+    torch.manual_seed(0)
+    images = torch.rand(8, 3, 8, 8)
+    batches = [(images, torch.arange(8) % 4)]
+    source = Trainer(SmallCNN(3, 4, width=8), batches, max_duration="1ba", algorithms=[ChannelsLast()],
+                     optimizer=optim.sgd(0.1, momentum=0.9), progress_bar=False)  # fmt: skip
+    source.fit()
+    path = source.save_checkpoint(tmp_path / "weights.pt")
+    target = Trainer(SmallCNN(3, 4, width=8), batches, max_duration="1ba", optimizer=optim.sgd(0.1, momentum=0.9),
+                     progress_bar=False)  # fmt: skip
+    loaded = load_weights(path, target.state)
+    for name, tensor in loaded.params.items():
+        assert torch.equal(tensor, source.state.params[name])
+        assert tensor.stride() == target.state.params[name].stride()

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from composer_fn.algorithms import LabelSmoothing, MixUp
+from composer_fn.algorithms.channels_last import channels_last_tensors
+from composer_fn.core import random as R
 from composer_fn.core.algorithm import Algorithm
 from composer_fn.core.engine import make_plan, run_host_event
 from composer_fn.core.event import Event
-from composer_fn.core.state import BatchMeta, State, StepCtx
+from composer_fn.core.state import BatchMeta, State, Static, StepCtx, initial_state
 from composer_fn.core.time import Timestamp
-from composer_fn.optim import sgd
+from composer_fn.optim import adamw, sgd
 from composer_fn.testing import make_setup
 from composer_fn.trainer.step import compile_step, cross_entropy_loss, make_train_step
 
@@ -109,3 +116,74 @@ def test_an_unknown_gradient_mode_is_rejected() -> None:
     setup = make_setup([], steps=1)
     with pytest.raises(ValueError, match="grad_mode='jax'"):
         make_train_step(setup.static, make_plan(()), cross_entropy_loss(), sgd(0.1), grad_mode="jax")
+
+
+class PermutedConvolution(nn.Module):
+    """A strided convolution whose input went through a permute, as after ConvNeXt's ``LayerNorm2d``: the
+    backward returns its weight's gradient in channels-last strides, its weight being contiguous."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(8, 16, 2, stride=2)
+        self.head = nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+        return self.head(self.conv(x).flatten(1))
+
+
+def _contiguous_sum(tensors: Sequence[Tensor]) -> list[Tensor]:
+    # The sum over one process, returned as all_reduce_sum returns it: views of one contiguous flat tensor.
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    return [piece.view(t.shape) for piece, t in zip(flat.split([t.numel() for t in tensors]), tensors, strict=True)]
+
+
+STEP_VARIANTS: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "reference": {"norms": True},
+    "func": {"grad_mode": "func"},
+    "microbatched": {"microbatch_size": 2},
+    "summed across processes": {"microbatch_size": 2, "reduce": _contiguous_sum},
+    "compiled": {"grad_mode": "func"},
+}
+OPTIMIZER_PAIRS = {
+    "sgd": (lambda: sgd(0.1, momentum=0.9), lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)),
+    "adamw": (lambda: adamw(0.01), lambda ps: torch.optim.AdamW(ps, lr=0.01)),
+}
+
+
+@pytest.mark.parametrize("weights", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("optimizer", list(OPTIMIZER_PAIRS))
+@pytest.mark.parametrize("variant", list(STEP_VARIANTS))
+def test_every_step_updates_a_convolution_after_a_permute_as_torch_optim_does(
+    variant: str, optimizer: str, weights: str
+) -> None:
+    # The weight's gradient comes back from the backward channels-last; a sum across processes returns it
+    # contiguous. Either may meet a weight in the other layout.
+    ours, theirs = OPTIMIZER_PAIRS[optimizer]
+    torch.manual_seed(0)
+    model = PermutedConvolution()
+    generator = torch.Generator().manual_seed(1)
+    batches = [
+        (torch.randn(4, 8, 8, 8, generator=generator), torch.randint(0, 10, (4,), generator=generator)) for _ in range(2)
+    ]
+    reference = copy.deepcopy(model)
+    steps = theirs(reference.parameters())
+    for x, y in batches:
+        steps.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        steps.step()
+    tx = ours()
+    state = initial_state(model, R.key(0))
+    if weights == "channels_last":
+        state = state.replace(params=channels_last_tensors(state.params))
+    state = state.replace(opt=tx.init(state.params))
+    step = make_train_step(Static(module=model), make_plan(()), cross_entropy_loss(), tx, **STEP_VARIANTS[variant])
+    if variant == "compiled":
+        step = compile_step(step, "aot_eager")
+    for batch in batches:
+        state, _ = step(state, batch)
+    initial = {name: p.detach() for name, p in model.named_parameters()}
+    for name, expected in reference.named_parameters():
+        error = float((state.params[name] - expected.detach()).norm() / (expected.detach() - initial[name]).norm())
+        assert error < 1e-5, f"{name}: relative update error {error:.3g}"

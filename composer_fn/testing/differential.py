@@ -1,0 +1,331 @@
+"""Differential checks against torch itself: the Trainer next to a hand-written ``torch.optim`` loop.
+
+Both train copies of one model on the same batches in the same order: the reference with ``torch.optim``'s
+optimizer (``zero_grad``, forward, cross-entropy, ``backward``, ``step``; with microbatches, each microbatch's
+loss weighted by its share of the batch and the gradients accumulated before the step), ours with
+``composer_fn.Trainer`` and no algorithm, along one of the training paths:
+
+- ``"eager"``: the eager step;
+- ``"compiled"``: the whole step compiled (``compile="aot_eager"``: torch's graph capture without inductor's
+  kernels, so the comparison is of the graph, not of code generation);
+- ``"microbatched"``: each batch cut into microbatches (``device_train_microbatch_size``), the reference
+  accumulating its gradients over the same microbatches;
+- ``"channels_last"``: the eager step with ``ChannelsLast()``, the reference a loop over torch's own
+  channels-last model and inputs (``apply_channels_last``: ``model.to(memory_format=torch.channels_last)``,
+  with the layers the CPU gets wrong in that format kept contiguous, as ChannelsLast keeps them).
+
+``compare`` measures, parameter by parameter, how far ours ends from the reference relative to how far the
+reference moved. Rounding alone moves fp32 training off exact arithmetic by an amount that depends on the
+parameter: a ReLU whose input rounds across zero, or a parameter whose gradient is zero but for rounding (a
+bias before a normalization) moves by rounding noise. So each parameter's allowance is a fixed tolerance plus
+a multiple of torch's own distance from exact arithmetic there: the same loop in float64 against the fp32 one.
+A tensor updated in the wrong element order is off by about its whole update, orders of magnitude above both.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from composer_fn.optim.base import GradientTransformation
+from composer_fn.optim.optimizers import adamw, sgd
+
+__all__ = [
+    "PATHS",
+    "OptimizerPair",
+    "SGD_MOMENTUM",
+    "ADAMW",
+    "ModelCase",
+    "Comparison",
+    "torchvision_models",
+    "image_batches",
+    "torch_reference",
+    "trainer_result",
+    "update_errors",
+    "compare",
+]
+
+PATHS: tuple[str, ...] = ("eager", "compiled", "microbatched", "channels_last")
+"""The training paths ``trainer_result`` runs (see the module docstring)."""
+
+TOLERANCE = 1e-3
+"""The relative update error every parameter is allowed, besides its rounding allowance."""
+
+ROUNDING_FACTOR = 10.0
+"""How many times torch's own fp32-against-float64 distance a parameter may be off."""
+
+Batch = tuple[Tensor, Tensor]
+
+
+@dataclass(frozen=True)
+class OptimizerPair:
+    """One optimizer twice: ``ours()`` a ``GradientTransformation``, ``reference(parameters)`` torch's."""
+
+    name: str
+    ours: Callable[[], GradientTransformation]
+    reference: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+SGD_MOMENTUM = OptimizerPair(
+    "sgd",
+    lambda: sgd(0.01, momentum=0.9, weight_decay=5e-4),
+    lambda parameters: torch.optim.SGD(parameters, lr=0.01, momentum=0.9, weight_decay=5e-4),
+)
+"""SGD with momentum 0.9 and L2 weight decay 5e-4, learning rate 0.01."""
+
+ADAMW = OptimizerPair(
+    "adamw",
+    lambda: adamw(1e-3, weight_decay=0.05),
+    lambda parameters: torch.optim.AdamW(parameters, lr=1e-3, weight_decay=0.05),
+)
+"""AdamW with learning rate 1e-3 and weight decay 0.05."""
+
+
+def torch_reference(
+    model: nn.Module,
+    batches: Sequence[Batch],
+    optimizer: OptimizerPair,
+    *,
+    microbatch_size: int | None = None,
+    channels_last: bool = False,
+    float64: bool = False,
+) -> dict[str, Tensor]:
+    """Returns the parameters by name after a hand-written ``torch.optim`` loop over ``batches``, on a copy.
+
+    With ``microbatch_size``, each batch's gradient is accumulated over microbatches of that many samples
+    (the last may be smaller), each loss weighted by its samples over the batch's. With ``channels_last``, the
+    model is ``apply_channels_last(model)`` and the inputs are channels-last; with ``float64``, the model and
+    inputs are float64.
+    """
+    from composer_fn.algorithms.channels_last import apply_channels_last
+
+    trained = copy.deepcopy(model).train()
+    if float64:
+        trained = trained.double()
+    if channels_last:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trained = apply_channels_last(trained)
+    steps = optimizer.reference(trained.parameters())
+    for inputs, targets in batches:
+        inputs = inputs.double() if float64 else inputs
+        inputs = inputs.contiguous(memory_format=torch.channels_last) if channels_last else inputs
+        steps.zero_grad(set_to_none=True)
+        size = microbatch_size or len(inputs)
+        for start in range(0, len(inputs), size):
+            part = slice(start, start + size)
+            loss = F.cross_entropy(trained(inputs[part]), targets[part])
+            (loss * (len(inputs[part]) / len(inputs))).backward()
+        steps.step()
+    return {name: p.detach().clone() for name, p in trained.named_parameters()}
+def trainer_result(
+    model: nn.Module,
+    batches: Sequence[Batch],
+    optimizer: OptimizerPair,
+    path: str,
+    microbatch_size: int | None = None,
+) -> dict[str, Tensor]:
+    """Returns the parameters by name after ``composer_fn.Trainer`` trains a copy of ``model`` on ``batches``
+    along ``path`` (one of ``PATHS``), one step a batch, with no algorithm but ``ChannelsLast`` on its path."""
+    from composer_fn.algorithms import ChannelsLast
+    from composer_fn.trainer.trainer import Trainer
+
+    if path not in PATHS:
+        raise ValueError(f"path={path!r} must be one of {', '.join(PATHS)}")
+    if path == "microbatched" and microbatch_size is None:
+        raise ValueError("path='microbatched' needs a microbatch_size")
+    with warnings.catch_warnings():
+        # ChannelsLast may warn about layers it keeps contiguous on this CPU; the comparison is the point here.
+        warnings.simplefilter("ignore")
+        trainer = Trainer(
+            copy.deepcopy(model),
+            list(batches),
+            max_duration=f"{len(batches)}ba",
+            optimizer=optimizer.ours(),
+            algorithms=[ChannelsLast()] if path == "channels_last" else [],
+            compile="aot_eager" if path == "compiled" else False,
+            device_train_microbatch_size=microbatch_size if path == "microbatched" else None,
+            progress_bar=False,
+        )
+        trainer.fit()
+    return {name: p.detach().clone() for name, p in trainer.state.params.items()}
+
+
+def update_errors(
+    initial: Mapping[str, Tensor], ours: Mapping[str, Tensor], reference: Mapping[str, Tensor]
+) -> dict[str, float]:
+    """Returns, by parameter name, ``‖ours − reference‖ / ‖reference − initial‖``: how far our parameters are
+    from the reference's, relative to how far the reference moved (0 for a parameter neither moved)."""
+    if ours.keys() != reference.keys():
+        raise ValueError(
+            f"ours and reference must name the same parameters; only ours: {sorted(ours.keys() - reference.keys())}, "
+            f"only the reference: {sorted(reference.keys() - ours.keys())}"
+        )
+    errors = {}
+    for name, expected in reference.items():
+        moved = float((expected.double() - initial[name].double()).norm())
+        apart = float((ours[name].double() - expected.double()).norm())
+        errors[name] = apart / moved if moved > 0.0 else (0.0 if apart == 0.0 else float("inf"))
+    return errors
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """A third-party architecture at a small size: ``build()`` a fresh model (from torch's global generator)
+    taking ``image_size``×``image_size`` RGB images to ``num_classes`` logits."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    image_size: int
+    num_classes: int = 10
+
+
+def torchvision_models() -> dict[str, ModelCase]:
+    """Returns torchvision's architectures at small sizes, by the name of the builder each one shrinks.
+
+    Each is torchvision's own class with its own blocks (``BasicBlock``, ``Bottleneck``, ``InvertedResidual``
+    with squeeze-excitation, ``MBConv``, ``CNBlock`` with ``LayerNorm2d``, ViT's encoder, Swin's shifted
+    windows and ``PatchMerging``), with fewer and narrower stages; dropout and stochastic depth are off, so
+    training is deterministic.
+    """
+    from torchvision.models import resnet
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+    from torchvision.models.efficientnet import EfficientNet, MBConvConfig
+    from torchvision.models.mobilenetv3 import InvertedResidualConfig, MobileNetV3
+    from torchvision.models.swin_transformer import SwinTransformer
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    def mobilenet() -> nn.Module:
+        setting = [
+            InvertedResidualConfig(16, 3, 16, 16, True, "RE", 2, 1, 0.5),
+            InvertedResidualConfig(16, 3, 72, 24, False, "RE", 2, 1, 0.5),
+            InvertedResidualConfig(24, 5, 96, 40, True, "HS", 2, 1, 0.5),
+        ]
+        return MobileNetV3(setting, last_channel=64, num_classes=10, dropout=0.0)
+
+    def efficientnet() -> nn.Module:
+        setting = [
+            MBConvConfig(1, 3, 1, 32, 16, 1, width_mult=0.25),
+            MBConvConfig(6, 3, 2, 16, 24, 1, width_mult=0.25),
+            MBConvConfig(6, 5, 2, 24, 40, 1, width_mult=0.25),
+        ]
+        return EfficientNet(setting, dropout=0.0, stochastic_depth_prob=0.0, num_classes=10, last_channel=64)
+
+    cases = [
+        ModelCase("resnet18", lambda: resnet.ResNet(resnet.BasicBlock, [1, 1, 1, 1], num_classes=10), 64),
+        ModelCase(
+            "resnet50",
+            lambda: resnet.ResNet(resnet.Bottleneck, [1, 1, 1, 1], num_classes=10, width_per_group=16),
+            64,
+        ),
+        ModelCase("mobilenet_v3_small", mobilenet, 32),
+        ModelCase("efficientnet_b0", efficientnet, 32),
+        ModelCase(
+            "convnext_tiny",
+            lambda: ConvNeXt(
+                [CNBlockConfig(8, 16, 1), CNBlockConfig(16, 32, 1), CNBlockConfig(32, None, 1)], num_classes=10
+            ),
+            32,
+        ),
+        ModelCase(
+            "vit_b_16",
+            lambda: VisionTransformer(16, 4, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=10),
+            16,
+        ),
+        ModelCase(
+            "swin_t",
+            lambda: SwinTransformer(
+                [2, 2], 8, depths=[1, 1], num_heads=[1, 2], window_size=[2, 2], stochastic_depth_prob=0.0,
+                num_classes=10,
+            ),  # fmt: skip
+            16,
+        ),
+    ]
+    return {case.name: case for case in cases}
+
+
+def image_batches(case: ModelCase, steps: int, batch_size: int, seed: int = 0) -> list[Batch]:
+    """Returns ``steps`` batches of ``batch_size`` random images for ``case`` and random class targets, drawn
+    from a generator of ``seed`` (not torch's global one)."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (batch_size, 3, case.image_size, case.image_size)
+    return [
+        (torch.randn(shape, generator=generator), torch.randint(0, case.num_classes, (batch_size,), generator=generator))
+        for _ in range(steps)
+    ]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Our parameters against the reference's after one path: each parameter's relative update error and
+    what it is allowed (``TOLERANCE`` plus ``ROUNDING_FACTOR`` times torch's own fp32-against-float64 error)."""
+
+    model: str
+    optimizer: str
+    path: str
+    errors: Mapping[str, float]
+    allowed: Mapping[str, float]
+
+    @property
+    def worst(self) -> tuple[str, float]:
+        """Returns the parameter with the largest relative update error, and that error."""
+        name = max(self.errors, key=lambda n: self.errors[n])
+        return name, self.errors[name]
+
+    @property
+    def failures(self) -> dict[str, tuple[float, float]]:
+        """Returns ``{name: (error, allowed)}`` for every parameter off by more than it is allowed."""
+        return {n: (e, self.allowed[n]) for n, e in self.errors.items() if not e <= self.allowed[n]}
+
+    def describe(self) -> str:
+        """Returns one line: the case, the worst error, and any failures."""
+        name, error = self.worst
+        text = f"{self.model} {self.optimizer} {self.path}: worst relative update error {error:.2g} ({name})"
+        failures = self.failures
+        if failures:
+            listed = ", ".join(f"{n} {e:.2g} > {a:.2g}" for n, (e, a) in sorted(failures.items())[:8])
+            text += f"; {len(failures)} parameter(s) over their allowance: {listed}"
+        return text
+
+
+def compare(
+    case: ModelCase,
+    optimizer: OptimizerPair,
+    paths: Sequence[str] = PATHS,
+    *,
+    steps: int = 3,
+    batch_size: int = 8,
+    microbatch_size: int = 4,
+) -> list[Comparison]:
+    """Returns the comparison of each path in ``paths`` with its torch reference, for ``steps`` steps on keyed
+    random batches of ``batch_size`` (``microbatch_size`` for the microbatched path) from one model built
+    under ``torch.manual_seed(0)``."""
+    torch.manual_seed(0)
+    model = case.build()
+    batches = image_batches(case, steps, batch_size)
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    references: dict[tuple[int | None, bool, bool], dict[str, Tensor]] = {}
+
+    def reference(micro: int | None, channels_last: bool = False, float64: bool = False) -> dict[str, Tensor]:
+        key = (micro, channels_last, float64)
+        if key not in references:
+            references[key] = torch_reference(
+                model, batches, optimizer, microbatch_size=micro, channels_last=channels_last, float64=float64
+            )
+        return references[key]
+
+    results = []
+    for path in paths:
+        micro = microbatch_size if path == "microbatched" else None
+        rounding = update_errors(initial, reference(micro), reference(micro, float64=True))
+        ours = trainer_result(model, batches, optimizer, path, microbatch_size=microbatch_size)
+        errors = update_errors(initial, ours, reference(micro, channels_last=path == "channels_last"))
+        allowed = {n: TOLERANCE + ROUNDING_FACTOR * r for n, r in rounding.items()}
+        results.append(Comparison(case.name, optimizer.name, path, errors, allowed))
+    return results
