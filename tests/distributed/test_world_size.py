@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from composer_fn.algorithms import EMA, CutMix, CutOut, GradientClipping, LabelSmoothing, MixUp
+from composer_fn.algorithms import EMA, ChannelsLast, CutMix, CutOut, GradientClipping, LabelSmoothing, MixUp
 from composer_fn.core.random import key
 from composer_fn.data import TensorLoader, synthetic_images
 from composer_fn.models.cnn import SmallCNN
@@ -21,6 +21,8 @@ OPTIMIZERS = {"sgd": lambda: sgd(0.1, momentum=0.9), "adamw": lambda: adamw(0.01
 RUNS = [(optimizer, compile) for optimizer in OPTIMIZERS for compile in (False, "aot_eager")]
 # Per-example draws are made for the global batch; each microbatch reads them from its place in it.
 PER_SAMPLE = ("sgd", False, "per_sample")
+# Channels-last weights: the sum across processes comes back contiguous and must meet them in their layout.
+CHANNELS_LAST = ("sgd", False, "channels_last")
 
 
 def _trainer(rank: int, world: int, optimizer: str, compile: Any, *, batch: int = 8, **arguments: Any) -> Trainer:
@@ -55,6 +57,9 @@ def _train_each(rank: int) -> dict[tuple[str, Any], dict[str, Any]]:
     trainer = _trainer(rank, 2, "sgd", False, algorithms=_per_sample_algorithms())
     trainer.fit()
     results[PER_SAMPLE] = _result(trainer)
+    trainer = _trainer(rank, 2, "sgd", False, algorithms=[ChannelsLast(), EMA()])
+    trainer.fit()
+    results[CHANNELS_LAST] = _result(trainer)
     return results
 
 
@@ -107,6 +112,18 @@ def test_per_sample_mixing_of_two_ranks_equals_one_process_with_their_batches_as
     other = _trainer(0, 1, "sgd", False, algorithms=_per_sample_algorithms(), device_train_microbatch_size=4)
     other.fit()
     assert not torch.equal(other.state.params["head.weight"], expected["params"]["head.weight"])
+
+
+def test_channels_last_weights_of_two_ranks_equal_one_process_with_their_batches_as_microbatches(
+    two_ranks: list[dict[tuple[str, Any], dict[str, Any]]],
+) -> None:
+    one = _trainer(0, 1, "sgd", False, algorithms=[ChannelsLast(), EMA()], device_train_microbatch_size=8)
+    one.fit()
+    expected = _result(one)
+    assert expected["params"]["features.0.0.weight"].is_contiguous(memory_format=torch.channels_last)
+    for rank in range(2):
+        for field in ("params", "opt", "algos"):
+            _assert_bitwise(expected[field], two_ranks[rank][CHANNELS_LAST][field], f"rank {rank}'s {field} (ChannelsLast)")
 
 
 def test_microbatches_equal_the_whole_batch_up_to_rounding_without_batchnorm() -> None:
