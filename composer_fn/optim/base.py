@@ -328,14 +328,18 @@ def in_layout_of(tensors: Mapping[str, Tensor], like: Mapping[str, Tensor]) -> d
     The backward may hand a gradient back in another layout than its parameter's (channels-last strides for
     a contiguous weight after a permute, as in ConvNeXt's ``LayerNorm2d``); kernels that pair elements by
     memory order (torch's fused optimizer steps) need both in one. A tensor already in its layout is returned
-    as it is; another is copied into a new tensor of that layout, with the same values.
+    as it is; another is copied into a new tensor of that layout, with the same values. When every tensor is
+    in its layout, a ``dict`` given is returned itself (unchanged).
     """
-    laid_out = dict(tensors)
+    laid_out: dict[str, Tensor] | None = None
     for name, tensor in tensors.items():
         template = like[name]
         if tensor.stride() != template.stride():
+            laid_out = laid_out if laid_out is not None else dict(tensors)
             laid_out[name] = torch.empty_like(template, dtype=tensor.dtype).copy_(tensor)
-    return laid_out
+    if laid_out is not None:
+        return laid_out
+    return tensors if isinstance(tensors, dict) else dict(tensors)
 
 
 def apply_updates(params: Params, updates: Updates) -> dict[str, Tensor]:

@@ -80,9 +80,8 @@ def _one_layout(group: _Group) -> bool:
     # they are exact only where all of them share the parameter's strides; torch's foreach arithmetic pairs
     # elements by index, in any layout.
     params, *others = group
-    return all(
-        tensor.stride() == param.stride() for tensors in others if tensors for tensor, param in zip(tensors, params, strict=True)
-    )
+    strides = [param.stride() for param in params]
+    return all([tensor.stride() for tensor in tensors] == strides for tensors in others if tensors)
 
 
 def _decay_in_place(params: list[Tensor], amount: float) -> None:
