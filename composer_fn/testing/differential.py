@@ -270,7 +270,13 @@ class Comparison:
     optimizer: str
     path: str
     errors: Mapping[str, float]
-    allowed: Mapping[str, float]
+    rounding: Mapping[str, float]
+    """Torch's own relative update error in fp32 against float64, by parameter."""
+
+    @property
+    def allowed(self) -> dict[str, float]:
+        """Returns each parameter's allowance: ``TOLERANCE + ROUNDING_FACTOR · rounding``."""
+        return {name: TOLERANCE + ROUNDING_FACTOR * r for name, r in self.rounding.items()}
 
     @property
     def worst(self) -> tuple[str, float]:
@@ -278,10 +284,21 @@ class Comparison:
         name = max(self.errors, key=lambda n: self.errors[n])
         return name, self.errors[name]
 
+    def worst_determined(self, limit: float = 1e-3) -> tuple[str, float]:
+        """Returns the largest relative update error among the parameters torch's fp32 loop computes within
+        ``limit`` of float64 (those whose update is not rounding noise), with its parameter; ``("", nan)`` when
+        there is none."""
+        determined = {n: e for n, e in self.errors.items() if self.rounding[n] < limit}
+        if not determined:
+            return "", float("nan")
+        name = max(determined, key=lambda n: determined[n])
+        return name, determined[name]
+
     @property
     def failures(self) -> dict[str, tuple[float, float]]:
         """Returns ``{name: (error, allowed)}`` for every parameter off by more than it is allowed."""
-        return {n: (e, self.allowed[n]) for n, e in self.errors.items() if not e <= self.allowed[n]}
+        allowed = self.allowed
+        return {n: (e, allowed[n]) for n, e in self.errors.items() if not e <= allowed[n]}
 
     def describe(self) -> str:
         """Returns one line: the case, the worst error, and any failures."""
@@ -326,6 +343,5 @@ def compare(
         rounding = update_errors(initial, reference(micro), reference(micro, float64=True))
         ours = trainer_result(model, batches, optimizer, path, microbatch_size=microbatch_size)
         errors = update_errors(initial, ours, reference(micro, channels_last=path == "channels_last"))
-        allowed = {n: TOLERANCE + ROUNDING_FACTOR * r for n, r in rounding.items()}
-        results.append(Comparison(case.name, optimizer.name, path, errors, allowed))
+        results.append(Comparison(case.name, optimizer.name, path, errors, rounding))
     return results
