@@ -124,6 +124,8 @@ def torch_reference(
             (loss * (len(inputs[part]) / len(inputs))).backward()
         steps.step()
     return {name: p.detach().clone() for name, p in trained.named_parameters()}
+
+
 def trainer_result(
     model: nn.Module,
     batches: Sequence[Batch],
@@ -139,7 +141,7 @@ def trainer_result(
     if path not in PATHS:
         raise ValueError(f"path={path!r} must be one of {', '.join(PATHS)}")
     if path == "microbatched" and microbatch_size is None:
-        raise ValueError("path='microbatched' needs a microbatch_size")
+        raise ValueError("microbatch_size=None: path='microbatched' needs a microbatch size, a positive integer")
     with warnings.catch_warnings():
         # ChannelsLast may warn about layers it keeps contiguous on this CPU; the comparison is the point here.
         warnings.simplefilter("ignore")
@@ -322,9 +324,11 @@ def compare(
 ) -> list[Comparison]:
     """Returns the comparison of each path in ``paths`` with its torch reference, for ``steps`` steps on keyed
     random batches of ``batch_size`` (``microbatch_size`` for the microbatched path) from one model built
-    under ``torch.manual_seed(0)``."""
-    torch.manual_seed(0)
-    model = case.build()
+    under seed 0 of torch's global generator, whose state is restored afterwards."""
+    # torchvision initializes from torch's global generator: seeded here, and restored after.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = case.build()
     batches = image_batches(case, steps, batch_size)
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     references: dict[tuple[int | None, bool, bool], dict[str, Tensor]] = {}
