@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo demo-fashion test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,14 @@ demo: $(STAMP)
 	$(BIN)/composer-fn train --task digits --algorithms mixup,label_smoothing,channels_last --max-duration 12ep --seed 0 --log-interval 5ba \
 		--log-file runs/demo/log.jsonl
 	$(BIN)/composer-fn report runs/demo
+
+# Fashion-MNIST from disk (apt-get install dataset-fashion-mnist, or DATA_DIR=<torchvision root>): two epochs of
+# the mild recipe, then the run's report.
+demo-fashion: $(STAMP)
+	rm -f runs/fashion/log.jsonl
+	$(BIN)/composer-fn train --config recipes/fashion-mnist-mild.toml --max-duration 2ep --log-interval 50ba \
+		--log-file runs/fashion/log.jsonl --save-folder runs/fashion $(if $(DATA_DIR),--data-dir $(DATA_DIR),)
+	$(BIN)/composer-fn report runs/fashion
 
 test: $(STAMP)
 	$(BIN)/ruff check composer_fn tests benchmarks

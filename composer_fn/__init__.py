@@ -35,8 +35,10 @@ if TYPE_CHECKING:
     from composer_fn.core.time import Timestamp as Timestamp
     from composer_fn.core.time import TimeUnit as TimeUnit
     from composer_fn.dry_run import dry_run as dry_run
+    from composer_fn.export import export_model as export_model
     from composer_fn.trainer import Evaluator as Evaluator
     from composer_fn.trainer import Trainer as Trainer
+    from composer_fn.trainer import load_model as load_model
 
 # public name: the module that defines it
 _ORIGINS: dict[str, str] = {
@@ -51,6 +53,8 @@ _ORIGINS: dict[str, str] = {
     "Timestamp": "composer_fn.core.time",
     "Trainer": "composer_fn.trainer",
     "dry_run": "composer_fn.dry_run",
+    "export_model": "composer_fn.export",
+    "load_model": "composer_fn.trainer",
     "make_plan": "composer_fn.core.engine",
     "run_event": "composer_fn.core.engine",
     "run_schedule": "composer_fn.core.schedule",
@@ -75,7 +79,9 @@ _NAMES = (
     "Timestamp",
     "Trainer",
     "dry_run",
+    "export_model",
     "functional",
+    "load_model",
     "make_plan",
     "optim",
     "random",

@@ -30,12 +30,13 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class Task:
-    """A training task: its data, its model and the optimizer settings that train it well."""
+    """An embedded training task: its data, its model and the optimizer settings that train it well."""
 
     description: str
     data: Callable[[int, bool], tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]
     """``data(seed, unit_range)``: training and held-out ``(inputs, labels)``; pixels in [0, 1] on request."""
-    model: Callable[[], nn.Module]
+    model: str
+    """The model's name (``composer_fn.models.zoo``)."""
     batch_size: int
     learning_rate: float
 
@@ -64,42 +65,108 @@ def _synthetic_data(
     return (images[:2048], labels[:2048]), (images[2048:], labels[2048:])
 
 
-def _small_cnn(in_channels: int) -> Callable[[], nn.Module]:
-    def build() -> nn.Module:
-        from composer_fn.models import SmallCNN
+ZOO = ("small_cnn", "mlp", "cifar_resnet20", "cifar_resnet56", "resnet18", "resnet34", "resnet50")
+"""The models ``--model`` names in its help; any classification model of ``torchvision.models`` is taken too."""
 
-        return SmallCNN(in_channels=in_channels, num_classes=10)
+DATA = (
+    "fashion-mnist",
+    "mnist",
+    "kmnist",
+    "emnist-balanced",
+    "emnist-byclass",
+    "emnist-bymerge",
+    "emnist-digits",
+    "emnist-letters",
+    "emnist-mnist",
+    "cifar10",
+    "cifar100",
+    "imagefolder",
+)
+"""The datasets ``--data`` reads from disk (``composer_fn.data.DATASETS``)."""
 
-    return build
-
-
-def _digits_mlp() -> nn.Module:
-    from composer_fn.models import MLP
-
-    return MLP(64, 10, hidden=(128,))
-
-
-MODELS = ("small_cnn", "mlp")
-
-
-def _model(name: str, inputs: torch.Tensor) -> nn.Module:
-    """Returns the model ``name`` for a task whose inputs are ``inputs``: a SmallCNN, or an MLP on the
-    flattened inputs."""
-    from composer_fn.models import MLP, SmallCNN
-
-    if name == "small_cnn":
-        return SmallCNN(in_channels=inputs.shape[1], num_classes=10)
-    return MLP(math.prod(inputs.shape[1:]), 10, hidden=(128,))
-
+_DATA_BATCH_SIZE, _DATA_LEARNING_RATE, _DATA_MODEL = 128, 0.1, "cifar_resnet20"
 
 _DIGITS = "scikit-learn's bundled 8x8 handwritten digits (1437 train / 360 held out), a small CNN with BatchNorm"
 _SYNTHETIC = "a keyed synthetic 10-class 3x16x16 image task, a small CNN"
 TASKS: dict[str, Task] = {
     # name: Task(description, data, model, batch size, learning rate)
-    "digits": Task(_DIGITS, _digits_data, _small_cnn(1), 64, 0.1),
-    "digits-mlp": Task("the same digits with an MLP", _digits_data, _digits_mlp, 64, 0.1),
-    "synthetic": Task(_SYNTHETIC, _synthetic_data, _small_cnn(3), 128, 0.05),
+    "digits": Task(_DIGITS, _digits_data, "small_cnn", 64, 0.1),
+    "digits-mlp": Task("the same digits with an MLP", _digits_data, "mlp", 64, 0.1),
+    "synthetic": Task(_SYNTHETIC, _synthetic_data, "small_cnn", 128, 0.05),
 }
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a run trains on: its loaders, the shape of its images and its classes, and its defaults."""
+
+    name: str
+    train: Any
+    heldout: Any
+    image_shape: tuple[int, int, int]
+    num_classes: int
+    model: str
+    batch_size: int
+    learning_rate: float
+    unit_range: bool
+
+
+def _source(args: argparse.Namespace) -> tuple[str, int, float, str]:
+    """Returns the run's data name and its default batch size, learning rate and model (before loading it)."""
+    if args.data is not None and args.task is not None:
+        raise ValueError(f"--task={args.task} and --data={args.data} both name the data; give one of them")
+    if args.data is None:
+        name = args.task or "digits"
+        task = TASKS[name]
+        return name, task.batch_size, task.learning_rate, task.model
+    return args.data, _DATA_BATCH_SIZE, _DATA_LEARNING_RATE, _DATA_MODEL
+
+
+def _prepare(args: argparse.Namespace, unit_range: bool, world_size: int = 1) -> Prepared:
+    """Returns the run's data, read as ``args`` say: an embedded task, or a dataset on disk (``--data``)."""
+    from composer_fn.data import TensorLoader
+
+    name, default_batch, learning_rate, model = _source(args)
+    batch_size = args.batch_size if args.batch_size is not None else default_batch
+    if batch_size % world_size:
+        raise ValueError(f"--batch-size={batch_size} must be a multiple of the {world_size} processes (the global batch)")
+    rank_batch = batch_size // world_size
+    if name in TASKS:
+        train, heldout = TASKS[name].data(args.seed, unit_range)
+        shape = tuple(train[0].shape[1:])
+        loaders: tuple[Any, Any] = (
+            TensorLoader(train, rank_batch, shuffle=True, seed=args.seed),
+            TensorLoader(heldout, 512, shuffle=False),
+        )
+        num_classes = 10
+    else:
+        from composer_fn.data import ImageTask, load_dataset
+
+        data = load_dataset(
+            name,
+            getattr(args, "data_dir", None),
+            standardize=not unit_range,
+            image_size=getattr(args, "image_size", None),
+            batch_size=rank_batch,
+            num_workers=getattr(args, "num_workers", 0) or 0,
+            seed=args.seed,
+        )
+        shape, num_classes = tuple(data.image_shape), data.num_classes
+        if isinstance(data, ImageTask):
+            loaders = (
+                TensorLoader(data.train, rank_batch, shuffle=True, seed=args.seed),
+                TensorLoader(data.heldout, 512, shuffle=False),
+            )
+        else:
+            loaders = (data.train, data.heldout)
+    return Prepared(name, *loaders, shape, num_classes, model, batch_size, learning_rate, unit_range)  # type: ignore[arg-type]
+
+
+def _model(name: str, data: Prepared) -> nn.Module:
+    """Returns the untrained model ``name`` fitted to the data's images and classes."""
+    from composer_fn.models.zoo import build_model
+
+    return build_model(name, data.image_shape, data.num_classes)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -145,9 +212,40 @@ _MAX_DURATION = _checked(
     "a whole number >= 1 of epochs or batches, e.g. 10ep or 500ba", _epochs_or_batches, lambda t: t.value >= 1
 )
 _LOG_INTERVAL = _checked("a whole number >= 1 of batches or epochs, e.g. 50ba or 1ep", _interval, lambda t: t.value >= 1)
+_SAVE_INTERVAL = _checked(
+    "a whole number >= 1 of batches or epochs, e.g. 500ba or 1ep",
+    lambda text: validate.time("--save-interval", text, (TimeUnit.EPOCH, TimeUnit.BATCH), "1ep"),
+    lambda t: t.value >= 1,
+)
+_EVAL_INTERVAL = _checked(
+    "a whole number >= 1 of batches or epochs, e.g. 500ba or 1ep",
+    lambda text: validate.time("--eval-interval", text, (TimeUnit.EPOCH, TimeUnit.BATCH), "1ep"),
+    lambda t: t.value >= 1,
+)
+_COUNT = _checked("a whole number >= 0", int, lambda n: n >= 0)
+_DIRECTORY = _checked("an existing folder", Path, Path.is_dir)
+_MODEL = _checked(
+    "a model name: small_cnn, mlp, cifar_resnet20, cifar_resnet56, or a torchvision.models classification model",
+    str,
+    lambda name: bool(name) and name.replace("_", "").isalnum(),
+)
 _CHECKPOINT = _checked("an existing checkpoint file, e.g. runs/latest.pt", Path, Path.is_file)
 _FOLDER = _checked("a folder (created if missing), not a file", Path, lambda path: not path.is_file())
 _FILE = _checked("a file (created if missing), not a folder", Path, lambda path: not path.is_dir())
+
+
+def _data_flags(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--data", default=None, choices=DATA, help=f"a dataset on disk: {', '.join(DATA)}")
+    command.add_argument(
+        "--data-dir",
+        type=_DIRECTORY,
+        default=None,
+        help="where it is: torchvision's root (<dir>/FashionMNIST/raw, <dir>/cifar-10-batches-bin), the files' own "
+        "folder, or an image folder (one subfolder a class); Fashion-MNIST defaults to the Debian package's",
+    )
+    command.add_argument(
+        "--image-size", type=_POSITIVE_INT, default=None, help="imagefolder: the side images are resized to"
+    )
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -160,10 +258,16 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         ("profile", "train a few steps under the profiler; print the slowest operators and each algorithm's time"),
     ):
         sub = commands.add_parser(command, help=text)
-        sub.add_argument("--task", default="digits", choices=tuple(TASKS), help=f"one of: {', '.join(TASKS)}")
+        sub.add_argument("--task", default=None, choices=tuple(TASKS), help=f"an embedded task: {', '.join(TASKS)} (default digits)")
+        _data_flags(sub)
         sub.add_argument("--config", type=Path, default=None, help="a recipe file (TOML); flags override its fields")
         sub.add_argument("--algorithms", default=None, help="comma-separated names, e.g. mixup,label_smoothing")
-        sub.add_argument("--model", default=None, choices=MODELS, help="the task's model if omitted")
+        sub.add_argument(
+            "--model",
+            type=_MODEL,
+            default=None,
+            help=f"{', '.join(ZOO)}, or any torchvision.models classification model by name (the task's if omitted)",
+        )
         sub.add_argument("--max-duration", type=_MAX_DURATION, default="10ep", help="e.g. 10ep or 500ba")
         sub.add_argument("--batch-size", type=_POSITIVE_INT, default=None, help="task default if omitted")
         sub.add_argument("--seed", type=_SEED, default=0)
@@ -174,6 +278,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         train.add_argument("--precision", default="fp32", choices=("fp32", "bf16-mixed", "fp16-mixed"))
         train.add_argument("--compile", action="store_true", help="compile the step with torch.compile")
         train.add_argument("--save-folder", type=_FOLDER, default=None)
+        train.add_argument("--save-interval", type=_SAVE_INTERVAL, default="1ep", help="how often to checkpoint (default 1ep)")
+        train.add_argument("--eval-interval", type=_EVAL_INTERVAL, default="1ep", help="how often to evaluate (default 1ep)")
+        train.add_argument(
+            "--num-workers", type=_COUNT, default=0, help="processes decoding images for imagefolder data (default 0)"
+        )
         train.add_argument("--load-path", type=_CHECKPOINT, default=None)
         train.add_argument(
             "--autoresume",
@@ -205,6 +314,20 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     profile = commands.choices["profile"]
     profile.add_argument("--steps", type=_POSITIVE_INT, default=5, help="steps recorded, after one skipped and one warm-up")
     profile.add_argument("--trace-folder", type=_FOLDER, default=Path("runs/profile"), help="where the traces go")
+    export = commands.add_parser(
+        "export", help="write a checkpoint's trained model as TorchScript, torch.export (pt2) or ONNX, checked on a batch"
+    )
+    export.add_argument("checkpoint", type=_CHECKPOINT, help="a checkpoint written by composer-fn train")
+    export.add_argument("--format", default="torchscript", choices=("torchscript", "pt2", "onnx"))
+    export.add_argument("--output", type=_FILE, default=None, help="the file to write (default: by the checkpoint)")
+    export.add_argument("--data-dir", type=_DIRECTORY, default=None, help="where the run's data is (for the check batch)")
+    predict = commands.add_parser("predict", help="write a checkpoint's predictions for a dataset as CSV")
+    predict.add_argument("checkpoint", type=_CHECKPOINT, help="a checkpoint written by composer-fn train")
+    _data_flags(predict)
+    predict.add_argument("--task", default=None, choices=tuple(TASKS), help="an embedded task (default: the run's)")
+    predict.add_argument("--split", default="heldout", choices=("heldout", "train"), help="which part (default heldout)")
+    predict.add_argument("--output", type=_FILE, default=None, help="the CSV to write (default: by the checkpoint)")
+    predict.add_argument("--batch-size", type=_POSITIVE_INT, default=256)
     report = commands.add_parser("report", help="draw a run's log (loss, held-out metric, learning rate, throughput) as a PNG")
     report.add_argument("run", type=Path, help="a run folder holding one JSON-lines log (--log-file), or the log")
     report.add_argument("--compare", type=Path, nargs="+", default=[], metavar="RUN", help="more runs, overlaid")
@@ -235,11 +358,10 @@ def _wants_unit_range(algorithms: tuple[Algorithm, ...]) -> bool:
     return any(a.capabilities().input_range is not None for a in algorithms)
 
 
-def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Task) -> int:
+def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
     import torch
 
     from composer_fn.callbacks import LRMonitor, SpeedMonitor
-    from composer_fn.data import TensorLoader
     from composer_fn.loggers import JSONLLogger, Logger
     from composer_fn.trainer import Trainer
     from composer_fn.trainer.distributed import World, environment_world
@@ -254,32 +376,29 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
         args.max_duration = Time(2 + args.steps, TimeUnit.BATCH)
         profiler = Profiler(args.trace_folder, schedule=(1, 1, args.steps, 1))
     started = time.perf_counter()
-    train, heldout = task.data(args.seed, _wants_unit_range(algorithms))
-    batch_size = args.batch_size if args.batch_size is not None else task.batch_size
+    world = environment_world() or World()
+    data = _prepare(args, _wants_unit_range(algorithms), world.size)
+    model_name = args.model or data.model
+    model = _model(model_name, data)
     recipe: Recipe = args.recipe
     # The optimizer: --optimizer (with its default arguments), else the recipe's table, else the task's SGD.
     task_optimizer = {
         "name": "sgd",
-        "learning_rate": task.learning_rate,
+        "learning_rate": data.learning_rate,
         "momentum": 0.9,
         "nesterov": True,
         "weight_decay": 5e-4,
     }
     if args.optimizer:
-        optimizer = Recipe(recipe.path, {}).build_optimizer({"name": args.optimizer, "learning_rate": task.learning_rate}, args.lr)
+        optimizer = Recipe(recipe.path, {}).build_optimizer({"name": args.optimizer, "learning_rate": data.learning_rate}, args.lr)
     else:
         optimizer = recipe.build_optimizer(task_optimizer, args.lr)
     schedule = recipe.build_schedule({"name": "cosine_warmup", "t_warmup": _warmup(args.max_duration)})
-    world = environment_world() or World()
-    world_size = world.size
-    if batch_size % world_size:
-        raise ValueError(f"--batch-size={batch_size} must be a multiple of the {world_size} processes (the global batch)")
     # Under torchrun the batch is global: each process takes its share, and the run equals one process's run with
     # --microbatch-size of that share.
-    loader = TensorLoader(train, batch_size // world_size, shuffle=True, seed=args.seed)
-    eval_loader: Any = TensorLoader(heldout, 512, shuffle=False)
+    eval_loader: Any = data.heldout
     if recipe.evaluators:
-        eval_loader = recipe.build_evaluators(eval_loader, num_classes=10)
+        eval_loader = recipe.build_evaluators(eval_loader, num_classes=data.num_classes)
     main_process = world.main
     loggers: list[Logger] = [JSONLLogger(args.log_file)] if args.log_file is not None else []
     loggers = [*loggers, *recipe.build_loggers()] if main_process else []
@@ -287,8 +406,8 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
     if loggers and not recipe.callbacks:
         callbacks = [SpeedMonitor(), LRMonitor()]
     trainer = Trainer(
-        _model(args.model, train[0]) if args.model else task.model(),
-        loader,
+        model,
+        data.train,
         eval_loader,
         max_duration=args.max_duration,
         optimizer=optimizer,
@@ -300,6 +419,9 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
         loggers=loggers,
         callbacks=callbacks,
         save_folder=args.save_folder,
+        save_interval=args.save_interval,
+        save_metadata=_metadata(data, model_name),
+        eval_interval=args.eval_interval,
         load_path=args.load_path,
         autoresume=args.autoresume,
         progress_bar=not args.no_progress,
@@ -319,15 +441,132 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Ta
         return 0
     wall = time.perf_counter() - started
     names = ", ".join(a.name for a in algorithms) or "none"
-    print(f"task {args.task} | algorithms {names} | {trainer.timestamp.batch} steps, {trainer.timestamp.epoch} epochs")
+    print(
+        f"{'data' if args.data else 'task'} {data.name} | model {model_name} | algorithms {names} | "
+        f"{trainer.timestamp.batch} steps, {trainer.timestamp.epoch} epochs"
+    )
     if "eval/eval/accuracy" in metrics:
         print(f"held-out accuracy {metrics['eval/eval/accuracy']:.2%} | held-out loss {metrics['eval/eval/loss']:.4f}")
     else:
         print("held-out " + " | ".join(f"{name} {value:.4f}" for name, value in metrics.items() if name.startswith("eval/")))
-    print(f"wall time {wall:.1f} s (training {metrics['wall_time']:.1f} s)")
+    samples = trainer.timestamp.batch * data.batch_size
+    print(
+        f"wall time {wall:.1f} s (training {metrics['wall_time']:.1f} s, "
+        f"{samples / max(metrics['wall_time'], 1e-9):,.0f} samples/s with evaluation)"
+    )
     if trainer.compiles:
         print(f"compiled graphs: {trainer.compiles}")
     return 0
+
+
+def _metadata(data: Prepared, model: str) -> dict[str, Any]:
+    """Returns what a checkpoint records to rebuild its model and read its data again (export, predict)."""
+    return {
+        "data": data.name,
+        "model": model,
+        "image_shape": list(data.image_shape),
+        "num_classes": data.num_classes,
+        "unit_range": data.unit_range,
+    }
+
+
+def _trained(args: argparse.Namespace) -> tuple[nn.Module, dict[str, Any]]:
+    """Returns the trained model of ``args.checkpoint`` (surgeries replayed, evaluation weights) and its metadata."""
+    from composer_fn.models.zoo import build_model
+    from composer_fn.trainer import load_model
+    from composer_fn.trainer.checkpoint import checkpoint_metadata
+
+    metadata = checkpoint_metadata(args.checkpoint)
+    needed = ("data", "model", "image_shape", "num_classes")
+    if not all(key in metadata for key in needed):
+        raise ValueError(
+            f"checkpoint={str(args.checkpoint)!r} does not record its model and data (written by an older version, or "
+            "by a Trainer without save_metadata); rebuild the architecture and call composer_fn.load_model(checkpoint, model)"
+        )
+    shape = tuple(int(d) for d in metadata["image_shape"])
+    architecture = build_model(metadata["model"], shape, int(metadata["num_classes"]))  # type: ignore[arg-type]
+    return load_model(args.checkpoint, architecture), metadata
+
+
+def _recorded_data(args: argparse.Namespace, metadata: dict[str, Any], batch_size: int) -> Prepared:
+    """Returns the data a checkpoint's run trained on (or ``--data``/``--task``), read as that run read it."""
+    recorded = metadata["data"]
+    given_data, given_task = getattr(args, "data", None), getattr(args, "task", None)
+    if given_data is None and given_task is None:
+        given_data, given_task = (None, recorded) if recorded in TASKS else (recorded, None)
+    view = argparse.Namespace(
+        data=given_data,
+        task=given_task,
+        data_dir=args.data_dir,
+        image_size=getattr(args, "image_size", None) or (metadata["image_shape"][1] if given_data == "imagefolder" else None),
+        num_workers=0,
+        batch_size=batch_size,
+        seed=0,
+    )
+    return _prepare(view, bool(metadata.get("unit_range", False)))
+
+
+def _export(args: argparse.Namespace) -> int:
+    import torch
+
+    from composer_fn.core import random as R
+    from composer_fn.export import SUFFIXES, export_model
+
+    model, metadata = _trained(args)
+    try:
+        data = _recorded_data(args, metadata, 64)
+        inputs = next(iter(data.heldout))[0][:64]
+        where = f"{len(inputs)} held-out images of {data.name}"
+    except FileNotFoundError as error:
+        shape = tuple(int(d) for d in metadata["image_shape"])
+        inputs = R.normal(R.key(0), (8, *shape)).to(torch.float32)
+        where = f"8 keyed random images (the data was not found: {str(error).splitlines()[0]})"
+    output = args.output or args.checkpoint.resolve().with_suffix(SUFFIXES[args.format])
+    check = export_model(model, inputs, output, format=args.format)
+    print(f"wrote {check.path} ({args.format}); on {where} its outputs differ from the module's by at most {check.max_difference:.3g}")
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    import csv
+
+    import torch
+
+    model, metadata = _trained(args)
+    data = _recorded_data(args, metadata, args.batch_size)
+    if data.num_classes != int(metadata["num_classes"]) or tuple(data.image_shape) != tuple(metadata["image_shape"]):
+        raise ValueError(
+            f"--data {data.name} has {data.num_classes} classes of {tuple(data.image_shape)} images; the checkpoint's model "
+            f"takes {tuple(metadata['image_shape'])} images of {metadata['num_classes']} classes"
+        )
+    loader = data.heldout if args.split == "heldout" else _in_order(data.train)
+    output = args.output or args.checkpoint.resolve().with_name(f"{args.checkpoint.stem}-{data.name}-{args.split}.csv")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    temporary = output.with_name(f".{output.name}.tmp")
+    correct = total = 0
+    device = next(model.parameters()).device
+    with temporary.open("w", newline="") as stream, torch.no_grad():
+        writer = csv.writer(stream)
+        writer.writerow(["index", "label", "prediction", "probability"])
+        for images, labels in loader:
+            probabilities = torch.softmax(model(images.to(device)).float(), dim=1).cpu()
+            confidence, predicted = probabilities.max(dim=1)
+            for row in zip(range(total, total + len(labels)), labels.tolist(), predicted.tolist(), confidence.tolist(), strict=True):
+                writer.writerow([*row[:3], f"{row[3]:.6f}"])
+            correct += int((predicted == labels).sum())
+            total += len(labels)
+    temporary.replace(output)
+    print(f"wrote {total} predictions for the {args.split} part of {data.name} to {output} (accuracy {correct / max(total, 1):.2%})")
+    return 0
+
+
+def _in_order(loader: Any) -> Any:
+    """Returns the training loader's batches in the data's own order (not shuffled), for predictions."""
+    from composer_fn.data import TensorLoader
+
+    if isinstance(loader, TensorLoader):
+        return TensorLoader(loader.tensors, loader.batch_size, shuffle=False)
+    return loader.iter_from(0, 0) if not getattr(loader, "shuffle", True) else loader.in_order()
 
 
 def _warmup(max_duration: Time) -> str:
@@ -335,16 +574,15 @@ def _warmup(max_duration: Time) -> str:
     return "1ep" if max_duration.unit is TimeUnit.EPOCH and max_duration.value >= 2 else "0.1dur"
 
 
-def _plan(args: argparse.Namespace, algorithms: tuple[Algorithm, ...], task: Task) -> int:
-    from composer_fn.data import TensorLoader
+def _plan(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
     from composer_fn.dry_run import dry_run
 
-    train, _ = task.data(args.seed, _wants_unit_range(algorithms))
-    batch_size = args.batch_size if args.batch_size is not None else task.batch_size
-    steps_per_epoch = len(TensorLoader(train, batch_size, shuffle=False))
-    input_shape = (batch_size, *train[0].shape[1:])
+    data = _prepare(args, _wants_unit_range(algorithms))
+    batch_size = data.batch_size
+    steps_per_epoch = len(data.train)
+    input_shape = (batch_size, *data.image_shape)
     # Checked against the run's model: a surgery that finds nothing to rewrite there never runs.
-    model = _model(args.model, train[0]) if args.model else task.model()
+    model = _model(args.model or data.model, data)
     inert = [a for a in algorithms if (rewrites := a.capabilities().rewrites) is not None and not rewrites(model)]
     acting = tuple(a for a in algorithms if a not in inert)
     report = dry_run(acting, args.max_duration, steps_per_epoch, batch_size=batch_size, input_shape=input_shape)
@@ -421,6 +659,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "report":
         return _report(args)
+    if args.command in ("export", "predict"):
+        try:
+            return _export(args) if args.command == "export" else _predict(args)
+        except (ValueError, TypeError, OSError) as error:
+            print(f"composer-fn: {error}", file=sys.stderr)
+            return 2
     recipe = None
     if args.config is not None:
         # The recipe's fields become the command's defaults: a flag given on the command line still wins.
@@ -445,11 +689,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands[args.command].error(f"argument --algorithms: {error}")
     if args.command in ("train", "profile") and args.nproc is not None and "WORLD_SIZE" not in os.environ:
         return _launch(list(sys.argv[1:] if argv is None else argv), args.nproc)
-    run: Callable[[argparse.Namespace, tuple[Algorithm, ...], Task], int] = (
+    run: Callable[[argparse.Namespace, tuple[Algorithm, ...]], int] = (
         _train if args.command in ("train", "profile") else _plan
     )
     try:
-        return run(args, algorithms, TASKS[args.task])
+        return run(args, algorithms)
     except (ValueError, TypeError, OSError) as error:
         print(f"composer-fn: {error}", file=sys.stderr)
         return 2

@@ -125,3 +125,47 @@ def test_plan_leaves_out_a_surgery_that_finds_nothing_in_the_tasks_model(capsys)
     table, warnings = out.split("warning:", 1)
     assert "alibi" not in table and "mixup" in table
     assert "alibi is left out: it finds nothing to rewrite in the task's model (SmallCNN)" in warnings
+
+
+def test_a_trained_checkpoint_exports_and_predicts_from_the_command_line(capsys, tmp_path) -> None:
+    folder = tmp_path / "run"
+    common = ["--max-duration", "8ba", "--no-progress", "--save-folder", str(folder), "--save-interval", "4ba"]
+    assert main(["train", "--algorithms", "blurpool,ema", *common]) == 0
+    out = capsys.readouterr().out
+    assert "model small_cnn" in out and "held-out accuracy" in out
+    assert sorted(path.name for path in folder.glob("*.pt")) == ["ep0-ba4.pt", "ep0-ba8.pt", "latest.pt"]
+    assert main(["export", str(folder / "latest.pt"), "--format", "pt2", "--output", str(tmp_path / "m.pt2")]) == 0
+    out = capsys.readouterr().out
+    assert "on 64 held-out images of digits" in out and (tmp_path / "m.pt2").is_file()
+    predictions = tmp_path / "predictions.csv"
+    assert main(["predict", str(folder / "latest.pt"), "--output", str(predictions)]) == 0
+    printed = capsys.readouterr().out
+    rows = predictions.read_text().splitlines()
+    assert rows[0] == "index,label,prediction,probability" and len(rows) == 361
+    # The accuracy it prints is the one the run's final evaluation measured.
+    accuracy = printed.split("accuracy ")[1].rstrip(")\n")
+    correct = sum(row.split(",")[1] == row.split(",")[2] for row in rows[1:])
+    assert accuracy == f"{correct / 360:.2%}"
+
+
+def test_a_torchvision_model_by_name_trains_fitted_to_the_task(capsys) -> None:
+    assert main(["train", "--model", "mobilenet_v3_small", "--max-duration", "2ba", "--no-progress"]) == 0
+    assert "model mobilenet_v3_small" in capsys.readouterr().out
+    assert main(["train", "--model", "vit_b_16", "--max-duration", "1ba", "--no-progress"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "model='vit_b_16' does not take 1x8x8 images" in err[0]
+
+
+def test_a_missing_dataset_is_one_line_naming_where_it_looked_and_how_to_get_it(capsys, tmp_path) -> None:
+    assert main(["train", "--data", "kmnist", "--data-dir", str(tmp_path), "--max-duration", "1ba", "--no-progress"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and str(tmp_path) in err[0] and "download=True" in err[0]
+    assert main(["train", "--task", "digits", "--data", "mnist", "--no-progress"]) == 2
+    assert "--task=digits and --data=mnist both name the data" in capsys.readouterr().err
+
+
+def test_the_data_names_are_the_readers() -> None:
+    from composer_fn.cli import DATA
+    from composer_fn.data import DATASETS
+
+    assert sorted(DATA) == sorted(DATASETS)

@@ -20,8 +20,18 @@ def test_each_embedded_task_has_a_baseline_and_a_mild_recipe() -> None:
         assert {f"{task}-baseline", f"{task}-mild"} <= names
 
 
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+def test_each_dataset_on_disk_has_a_baseline_and_a_mild_recipe() -> None:
+    names = {path.stem for path in RECIPES}
+    assert {"fashion-mnist-baseline", "fashion-mnist-mild"} <= names
+
+
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda path: path.stem)
 def test_every_recipe_trains_a_few_batches(recipe: Path, capsys) -> None:
+    if recipe.stem.startswith("fashion-mnist") and not FASHION_MNIST.is_dir():
+        pytest.skip(f"{FASHION_MNIST} is missing: apt-get install dataset-fashion-mnist to run the Fashion-MNIST recipes")
     assert main(["train", "--config", str(recipe), "--max-duration", "3ba", "--no-progress", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "3 steps" in out and "held-out accuracy" in out

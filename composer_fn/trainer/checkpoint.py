@@ -50,6 +50,9 @@ __all__ = [
     "with_recorded_surgeries",
     "Checkpoint",
     "FORMAT_VERSION",
+    "read_checkpoint",
+    "unflatten_tree",
+    "checkpoint_metadata",
 ]
 
 FORMAT_VERSION = 1
@@ -86,12 +89,14 @@ def save_checkpoint(
     algorithms: str,
     *,
     weights_only: bool = False,
+    metadata: dict[str, Any] | None = None,
 ) -> Path:
     """Returns the path written: ``state``, ``timestamp`` and ``algorithms`` (JSON) saved atomically.
 
     The file appears complete or not at all: it is written to a temporary file in the same folder, flushed
     to disk, renamed over ``path``, and the folder is flushed so the rename survives a crash. With
-    ``weights_only``, the file holds the parameters and buffers (and the timestamp) only.
+    ``weights_only``, the file holds the parameters and buffers (and the timestamp) only. ``metadata`` (plain
+    values: strings, numbers, lists, dicts) is stored as given, e.g. how to rebuild the model.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -103,6 +108,7 @@ def save_checkpoint(
         "timestamp": timestamp.to_dict(),
         "max_duration": None if timestamp.max_duration is None else str(timestamp.max_duration),
         "algorithms": algorithms,
+        "metadata": dict(metadata or {}),
     }
     if not weights_only:
         payload.update(
@@ -192,7 +198,7 @@ def _check_tensors(kind: str, loaded: dict[str, Tensor], expected: dict[str, Ten
             )
 
 
-def _unflatten(kind: str, leaves: list[Any], template: Any) -> Any:
+def unflatten_tree(kind: str, leaves: list[Any], template: Any) -> Any:
     expected, spec = pytree.tree_flatten(template)
     if len(leaves) != len(expected):
         raise ValueError(
@@ -206,12 +212,16 @@ def _unflatten(kind: str, leaves: list[Any], template: Any) -> Any:
     return pytree.tree_unflatten(leaves, spec)
 
 
-def _read(path: str | os.PathLike[str], device: torch.device | str | None) -> dict[str, Any]:
+def read_checkpoint(
+    path: str | os.PathLike[str], device: torch.device | str | None, *, argument: str = "load_path"
+) -> dict[str, Any]:
+    """Returns the payload of the checkpoint at ``path`` (plain values and tensors, read with ``weights_only``);
+    a missing, empty, truncated or foreign file is refused naming ``argument`` and the path."""
     source = Path(path)
     if not source.is_file():
-        raise FileNotFoundError(f"load_path={str(path)!r} is not a checkpoint file")
+        raise FileNotFoundError(f"{argument}={str(path)!r} is not a checkpoint file")
     if source.stat().st_size == 0:
-        raise ValueError(f"load_path={str(path)!r} is an empty file, not a checkpoint")
+        raise ValueError(f"{argument}={str(path)!r} is an empty file, not a checkpoint")
     try:
         payload = torch.load(source, map_location=device, weights_only=True)
     except (EOFError, OSError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
@@ -219,7 +229,7 @@ def _read(path: str | os.PathLike[str], device: torch.device | str | None) -> di
         # unpickler's own message would suggest loading without weights_only, which a checkpoint never needs.
         reason = type(error).__name__ if isinstance(error, pickle.UnpicklingError) else str(error).splitlines()[0]
         raise ValueError(
-            f"load_path={str(path)!r} cannot be read as a checkpoint (truncated, or another kind of file): {reason}"
+            f"{argument}={str(path)!r} cannot be read as a checkpoint (truncated, or another kind of file): {reason}"
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
@@ -227,9 +237,15 @@ def _read(path: str | os.PathLike[str], device: torch.device | str | None) -> di
     return payload
 
 
+def checkpoint_metadata(path: str | os.PathLike[str], *, argument: str = "checkpoint") -> dict[str, Any]:
+    """Returns the metadata stored with the checkpoint at ``path`` (empty if none was)."""
+    metadata: dict[str, Any] = read_checkpoint(path, "cpu", argument=argument).get("metadata") or {}
+    return metadata
+
+
 def checkpoint_algorithms(path: str | os.PathLike[str]) -> str:
     """Returns the JSON configs of the algorithms the checkpoint at ``path`` was trained with."""
-    algorithms: str = _read(path, "cpu")["algorithms"]
+    algorithms: str = read_checkpoint(path, "cpu")["algorithms"]
     return algorithms
 
 
@@ -245,7 +261,7 @@ def load_checkpoint(
     The file is read with ``torch.load(weights_only=True)``: it can hold tensors and plain values only.
     With ``algorithms`` (JSON configs), a checkpoint trained with other algorithms is refused first.
     """
-    payload = _read(path, device)
+    payload = read_checkpoint(path, device)
     if payload.get("weights_only", False):
         raise ValueError(
             f"load_path={str(path)!r} holds weights only (saved with save_weights_only=True), not a run to resume: "
@@ -266,8 +282,8 @@ def load_checkpoint(
     state = State(
         params=payload["params"],
         buffers=payload["buffers"],
-        opt=_unflatten("optimizer", payload["opt"], template.opt),
-        algos=_unflatten("algorithm", payload["algos"], template.algos),
+        opt=unflatten_tree("optimizer", payload["opt"], template.opt),
+        algos=unflatten_tree("algorithm", payload["algos"], template.algos),
         hparams=payload["hparams"],
         step=payload["step"],
         key=payload["key"],
@@ -292,7 +308,7 @@ def load_weights(
     model; without it, names in one only are skipped. A name in both must have the same shape. Loaded tensors
     take the template's dtype, device and memory layout.
     """
-    payload = _read(path, device)
+    payload = read_checkpoint(path, device)
     merged = {}
     for kind in ("params", "buffers"):
         expected: dict[str, Tensor] = dict(getattr(template, kind))

@@ -76,6 +76,7 @@ from composer_fn.trainer.evaluator import Evaluator
 from composer_fn.trainer.learning_rate import learning_rate
 from composer_fn.trainer.loss_scale import DynamicLossScale
 from composer_fn.trainer.microbatch import failed_contribution, norm_statistics
+from composer_fn.trainer.model import evaluation_state, module_with
 from composer_fn.trainer.step import (
     GRAD_MODES,
     GradMode,
@@ -144,6 +145,8 @@ class Trainer:
         save_num_checkpoints_to_keep: how many of the newest checkpoints stay in ``save_folder``; -1 keeps all.
         save_weights_only: checkpoints hold the parameters and buffers only (to start other runs from, not to
             resume this one).
+        save_metadata: plain values (strings, numbers, lists, dicts) stored in every checkpoint, read back by
+            ``composer_fn.trainer.checkpoint.checkpoint_metadata``: how to rebuild the model, the data it took.
         load_path: a checkpoint to resume from. Surgery algorithms (``Capabilities.rewrites``) the checkpoint records
             but the trainer was not given are re-applied, in the recorded order, before its tensors load. A
             checkpoint of a run with another ``max_duration`` resumes with a warning: the schedule's length changed.
@@ -198,6 +201,7 @@ class Trainer:
         save_interval: str | int | Time = "1ep",
         save_num_checkpoints_to_keep: int = -1,
         save_weights_only: bool = False,
+        save_metadata: Mapping[str, Any] | None = None,
         load_path: str | Path | None = None,
         load_weights_only: bool = False,
         load_strict_model_weights: bool = True,
@@ -309,6 +313,9 @@ class Trainer:
         self.grad_mode: GradMode = grad_mode or ("func" if self.compile else "autograd")
         validate.choice("grad_mode", str(self.grad_mode), GRAD_MODES)
         self.save_folder = Path(save_folder) if save_folder is not None else None
+        if save_metadata is not None and not isinstance(save_metadata, Mapping):
+            raise TypeError(f"save_metadata={save_metadata!r}: expected a mapping of plain values, e.g. {{'model': 'resnet18'}}")
+        self.save_metadata = dict(save_metadata or {})
         if self.save_folder is not None and self.save_folder.exists() and not self.save_folder.is_dir():
             raise ValueError(f"save_folder={str(save_folder)!r} is a file; expected a folder (created if missing)")
         if self.save_folder is not None:
@@ -940,6 +947,7 @@ class Trainer:
             self.timestamp,
             algorithms_to_json(self.algorithms),
             weights_only=options.save_weights_only,
+            metadata=self.save_metadata,
         )
         latest = self.save_folder / "latest.pt"
         link = self.save_folder / ".latest.pt.tmp"
@@ -987,9 +995,22 @@ class Trainer:
         """Returns the path written: the current state and timestamp, saved atomically (by rank 0, while the
         other processes wait; every process calls it)."""
         if self.world.main:
-            save_checkpoint(path, self.state, self.timestamp, algorithms_to_json(self.algorithms))
+            save_checkpoint(
+                path, self.state, self.timestamp, algorithms_to_json(self.algorithms), metadata=self.save_metadata
+            )
         self.world.barrier()
         return Path(path)
+
+    @property
+    def model(self) -> nn.Module:
+        """Returns the trained model: a new ``nn.Module`` with the run's surgeries, holding the weights evaluation
+        uses (EMA's average where the run has EMA, swapped in as at an evaluation), in eval mode on the run's device.
+
+        Its outputs are the evaluation's (``eval()``) on the same inputs. Each call builds a new module from the
+        current state; the trainer and the ``model`` it was given are left as they are.
+        """
+        state = evaluation_state(self.algorithms, self.static, self.state, self.timestamp, self.passes)
+        return module_with(self.static.module, state.params, state.buffers)
 
 
 def _algorithms(algorithms: object) -> tuple[Algorithm, ...]:

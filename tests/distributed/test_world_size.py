@@ -9,7 +9,7 @@ import torch
 
 from composer_fn.algorithms import EMA, ChannelsLast, CutMix, CutOut, GradientClipping, LabelSmoothing, MixUp
 from composer_fn.core.random import key
-from composer_fn.data import TensorLoader, synthetic_images
+from composer_fn.data import TensorLoader, load_image_folder_task, synthetic_images
 from composer_fn.models.cnn import SmallCNN
 from composer_fn.optim import adamw, sgd
 from composer_fn.trainer import Trainer
@@ -23,6 +23,38 @@ RUNS = [(optimizer, compile) for optimizer in OPTIMIZERS for compile in (False, 
 PER_SAMPLE = ("sgd", False, "per_sample")
 # Channels-last weights: the sum across processes comes back contiguous and must meet them in their layout.
 CHANNELS_LAST = ("sgd", False, "channels_last")
+# An image folder read by worker-less DataLoaders under the DistributedSampler of each rank.
+FOLDER = ("sgd", False, "imagefolder")
+
+
+def _write_folder(root: Any) -> None:
+    # 60 grayscale 8x8 PNGs in 3 classes: 48 train (3 global batches of 16), 12 held out (i % 5 == 0).
+    import warnings
+
+    from torchvision.io import write_png
+
+    images = (synthetic_images(key(3), 60, num_classes=3, shape=(1, 8, 8))[0] * 40 + 128).clamp(0, 255).to(torch.uint8)
+    for index, image in enumerate(images):
+        folder = root / f"class_{index % 3}"
+        folder.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            write_png(image, str(folder / f"{index:03d}.png"))
+
+
+def _folder_trainer(rank: int, world: int, root: str, **arguments: Any) -> Trainer:
+    task = load_image_folder_task(root, batch_size=16 // world, eval_batch_size=4, seed=7, rank=rank, world_size=world)
+    return Trainer(
+        SmallCNN(1, 3, width=4),
+        task.train,
+        task.heldout,
+        max_duration="6ba",
+        optimizer=sgd(0.1, momentum=0.9),
+        algorithms=[MixUp(), EMA()],
+        progress_bar=False,
+        eval_interval="3ba",
+        **arguments,
+    )
 
 
 def _trainer(rank: int, world: int, optimizer: str, compile: Any, *, batch: int = 8, **arguments: Any) -> Trainer:
@@ -48,8 +80,11 @@ def _result(trainer: Trainer) -> dict[str, Any]:
     return {"params": state.params, "opt": state.opt, "algos": state.algos, "metrics": trainer.metrics}
 
 
-def _train_each(rank: int) -> dict[tuple[str, Any], dict[str, Any]]:
+def _train_each(rank: int, root: str) -> dict[tuple[str, Any], dict[str, Any]]:
     results = {}
+    trainer = _folder_trainer(rank, 2, root)
+    trainer.fit()
+    results[FOLDER] = _result(trainer)
     for optimizer, compile in RUNS:
         trainer = _trainer(rank, 2, optimizer, compile)
         trainer.fit()
@@ -69,7 +104,14 @@ def _per_sample_algorithms() -> list[Any]:
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[tuple[str, Any], dict[str, Any]]]:
-    return run_ranks(_train_each, 2, tmp_path_factory.mktemp("ranks"))
+    root = tmp_path_factory.mktemp("images")
+    _write_folder(root)
+    return run_ranks(_train_each, 2, tmp_path_factory.mktemp("ranks"), str(root))
+
+
+@pytest.fixture(scope="module")
+def images(two_ranks: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(sorted(tmp_path_factory.getbasetemp().glob("images*"))[0])
 
 
 def _assert_bitwise(one: Any, other: Any, what: str) -> None:
@@ -138,3 +180,15 @@ def test_microbatches_equal_the_whole_batch_up_to_rounding_without_batchnorm() -
     whole, cut = run(), run(device_train_microbatch_size=8)
     for name, value in whole.state.params.items():
         torch.testing.assert_close(cut.state.params[name], value, rtol=0, atol=1e-6)
+
+
+def test_an_image_folder_read_by_two_ranks_equals_one_process_with_their_batches_as_microbatches(
+    two_ranks: list[dict[tuple[str, Any], dict[str, Any]]], images: str
+) -> None:
+    one = _folder_trainer(0, 1, images, device_train_microbatch_size=8)
+    one.fit()
+    expected = _result(one)
+    for rank in range(2):
+        for field in ("params", "opt", "algos"):
+            _assert_bitwise(expected[field], two_ranks[rank][FOLDER][field], f"rank {rank}'s {field} (image folder)")
+        assert two_ranks[rank][FOLDER]["metrics"]["eval/eval/loss"] == expected["metrics"]["eval/eval/loss"]
