@@ -212,6 +212,7 @@ class FolderLoader:
             world_size=world_size,
         )
         self._batches = _EpochBatches(self.sampler)
+        self._passes = 0
         self.dataloader = DataLoader(
             dataset,
             batch_sampler=self._batches,
@@ -283,10 +284,28 @@ class FolderLoader:
         self._batches.epoch = integer("epoch", epoch, minimum=0)
         self._batches.start = integer("batch_in_epoch", batch_in_epoch, minimum=0, maximum=len(self))
         self._batches.lists = None
-        batches = iter(self.dataloader)
+        batches = self._pass(iter(self.dataloader))
         if self.transform_batch is None:
             return batches
         return map(self.transform_batch, batches)
+
+    def _pass(self, batches: Iterator[Any]) -> Iterator[Any]:
+        # Persistent workers serve one pass at a time: a new pass resets the one in flight, whose batches would
+        # silently come from the new pass's order. The older pass is stopped with an error instead.
+        if self.num_workers == 0:
+            return batches
+        self._passes += 1
+        return self._checked_pass(batches, self._passes)
+
+    def _checked_pass(self, batches: Iterator[Any], mine: int) -> Iterator[Any]:
+        for batch in batches:
+            if self._passes != mine:
+                raise RuntimeError(
+                    "a FolderLoader pass was started while another was in progress; its worker processes serve one "
+                    "pass at a time: finish (or drop) one before starting the next, or use a loader with "
+                    "num_workers=0"
+                )
+            yield batch
 
     def read(self, index_lists: Sequence[Sequence[int]]) -> Iterator[Any]:
         """Returns an iterator over the workers' batches of ``index_lists`` (not transformed), in order.
@@ -295,7 +314,7 @@ class FolderLoader:
         change the epoch or the order of the batches that ``__iter__`` yields.
         """
         self._batches.lists = [list(indices) for indices in index_lists]
-        return iter(self.dataloader)
+        return self._pass(iter(self.dataloader))
 
     def in_order(self) -> FolderLoader:
         """Returns a loader of the same samples in the data set's own order, every one of them (no shuffle)."""

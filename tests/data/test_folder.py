@@ -253,3 +253,15 @@ def test_loading_and_iterating_do_not_touch_the_global_random_state(tmp_path: Pa
     list(task.train)
     list(task.heldout)
     assert torch.equal(torch.random.get_rng_state(), before)
+
+
+def test_a_second_pass_over_a_loader_with_workers_stops_the_first_instead_of_changing_its_batches(tmp_path) -> None:
+    root = tmp_path / "images"
+    _write_folder(root, per_class=10, channels=1)
+    loader = load_image_folder_task(root, batch_size=4, num_workers=1, standardize=False).train
+    first = iter(loader)
+    next(first)
+    second = list(loader.iter_from(1, 0))
+    assert len(second) == len(loader)
+    with pytest.raises(RuntimeError, match="a FolderLoader pass was started while another was in progress"):
+        next(first)
