@@ -298,14 +298,21 @@ class FolderLoader:
         return self._checked_pass(batches, self._passes)
 
     def _checked_pass(self, batches: Iterator[Any], mine: int) -> Iterator[Any]:
-        for batch in batches:
-            if self._passes != mine:
-                raise RuntimeError(
-                    "a FolderLoader pass was started while another was in progress; its worker processes serve one "
-                    "pass at a time: finish (or drop) one before starting the next, or use a loader with "
-                    "num_workers=0"
-                )
+        while True:
+            # Checked before and after each batch is taken: a newer pass may have started, or even ended, meanwhile.
+            self._check_pass(mine)
+            batch = next(batches, None)
+            self._check_pass(mine)
+            if batch is None:
+                return
             yield batch
+
+    def _check_pass(self, mine: int) -> None:
+        if self._passes != mine:
+            raise RuntimeError(
+                "a FolderLoader pass was started while another was in progress; its worker processes serve one pass "
+                "at a time: finish (or drop) one before starting the next, or use a loader with num_workers=0"
+            )
 
     def read(self, index_lists: Sequence[Sequence[int]]) -> Iterator[Any]:
         """Returns an iterator over the workers' batches of ``index_lists`` (not transformed), in order.
