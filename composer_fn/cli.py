@@ -488,8 +488,9 @@ def _trained(args: argparse.Namespace) -> tuple[nn.Module, dict[str, Any]]:
     return load_model(args.checkpoint, architecture), metadata
 
 
-def _recorded_data(args: argparse.Namespace, metadata: dict[str, Any], batch_size: int) -> Prepared:
-    """Returns the data a checkpoint's run trained on (or ``--data``/``--task``), read as that run read it."""
+def _recorded_data(args: argparse.Namespace, metadata: dict[str, Any]) -> Prepared:
+    """Returns the data a checkpoint's run trained on (or ``--data``/``--task``), read as that run read it; its
+    training loader takes one sample a batch (any folder fills one), and only serves ``_in_order``."""
     recorded = metadata["data"]
     given_data, given_task = getattr(args, "data", None), getattr(args, "task", None)
     if given_data is None and given_task is None:
@@ -498,9 +499,10 @@ def _recorded_data(args: argparse.Namespace, metadata: dict[str, Any], batch_siz
         data=given_data,
         task=given_task,
         data_dir=args.data_dir,
-        image_size=getattr(args, "image_size", None) or (metadata["image_shape"][1] if given_data == "imagefolder" else None),
+        # An image folder is resized as the run's was: to the image shape the model was trained on.
+        image_size=getattr(args, "image_size", None) or (tuple(metadata["image_shape"][1:]) if given_data == "imagefolder" else None),
         num_workers=0,
-        batch_size=batch_size,
+        batch_size=1,
         seed=0,
     )
     return _prepare(view, bool(metadata.get("unit_range", False)))
@@ -514,7 +516,7 @@ def _export(args: argparse.Namespace) -> int:
 
     model, metadata = _trained(args)
     try:
-        data = _recorded_data(args, metadata, 64)
+        data = _recorded_data(args, metadata)
         inputs = next(iter(data.heldout))[0][:64]
         where = f"{len(inputs)} held-out images of {data.name}"
     except FileNotFoundError as error:
@@ -533,13 +535,13 @@ def _predict(args: argparse.Namespace) -> int:
     import torch
 
     model, metadata = _trained(args)
-    data = _recorded_data(args, metadata, args.batch_size)
+    data = _recorded_data(args, metadata)
     if data.num_classes != int(metadata["num_classes"]) or tuple(data.image_shape) != tuple(metadata["image_shape"]):
         raise ValueError(
             f"--data {data.name} has {data.num_classes} classes of {tuple(data.image_shape)} images; the checkpoint's model "
             f"takes {tuple(metadata['image_shape'])} images of {metadata['num_classes']} classes"
         )
-    loader = data.heldout if args.split == "heldout" else _in_order(data.train)
+    loader = data.heldout if args.split == "heldout" else _in_order(data.train, args.batch_size)
     output = args.output or args.checkpoint.resolve().with_name(f"{args.checkpoint.stem}-{data.name}-{args.split}.csv")
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(f".{output.name}.tmp")
@@ -560,13 +562,13 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _in_order(loader: Any) -> Any:
-    """Returns the training loader's batches in the data's own order (not shuffled), for predictions."""
+def _in_order(loader: Any, batch_size: int) -> Any:
+    """Returns the training loader's batches in the data's own order (not shuffled, none dropped), for predictions."""
     from composer_fn.data import TensorLoader
 
     if isinstance(loader, TensorLoader):
-        return TensorLoader(loader.tensors, loader.batch_size, shuffle=False)
-    return loader.iter_from(0, 0) if not getattr(loader, "shuffle", True) else loader.in_order()
+        return TensorLoader(loader.tensors, batch_size, shuffle=False)
+    return loader.in_order(batch_size)
 
 
 def _warmup(max_duration: Time) -> str:

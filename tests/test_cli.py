@@ -169,3 +169,32 @@ def test_the_data_names_are_the_readers() -> None:
     from composer_fn.data import DATASETS
 
     assert sorted(DATA) == sorted(DATASETS)
+
+
+def test_an_image_folder_trains_exports_and_predicts_from_the_command_line(capsys, tmp_path) -> None:
+    import warnings
+
+    import torch
+    from torchvision.io import write_png
+
+    from composer_fn import random as R
+
+    images = R.randint(R.key(0), 0, 256, (30, 3, 12, 10)).to(torch.uint8)
+    for index, image in enumerate(images):
+        folder = tmp_path / "photos" / ("cat", "dog", "owl")[index % 3]
+        folder.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            write_png(image, str(folder / f"{index:02d}.png"))
+    run = tmp_path / "run"
+    data = ["--data", "imagefolder", "--data-dir", str(tmp_path / "photos")]
+    assert main(["train", *data, "--model", "small_cnn", "--batch-size", "8", "--max-duration", "2ba", "--no-progress",
+                 "--save-folder", str(run)]) == 0
+    assert "data imagefolder | model small_cnn" in capsys.readouterr().out
+    assert main(["export", str(run / "latest.pt"), "--format", "torchscript", "--data-dir", str(tmp_path / "photos")]) == 0
+    assert "held-out images of imagefolder" in capsys.readouterr().out
+    output = tmp_path / "train.csv"
+    assert main(["predict", str(run / "latest.pt"), *data, "--split", "train", "--output", str(output)]) == 0
+    rows = output.read_text().splitlines()
+    # Every training image once, in the folder's order: 24 of the 30 (every fifth is held out).
+    assert len(rows) == 25 and [row.split(",")[0] for row in rows[1:]] == [str(i) for i in range(24)]

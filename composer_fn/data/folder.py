@@ -323,11 +323,12 @@ class FolderLoader:
         self._batches.lists = [list(indices) for indices in index_lists]
         return self._pass(iter(self.dataloader))
 
-    def in_order(self) -> FolderLoader:
-        """Returns a loader of the same samples in the data set's own order, every one of them (no shuffle)."""
+    def in_order(self, batch_size: int | None = None) -> FolderLoader:
+        """Returns a loader of the same samples in the data set's own order, every one of them (no shuffle), in
+        batches of ``batch_size`` (this loader's by default)."""
         return FolderLoader(
             self.dataset,
-            self.batch_size,
+            self.batch_size if batch_size is None else batch_size,
             collate_fn=self.collate_fn,
             transform_batch=self.transform_batch,
             shuffle=False,

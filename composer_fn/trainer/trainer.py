@@ -1006,8 +1006,10 @@ class Trainer:
         """Returns the trained model: a new ``nn.Module`` with the run's surgeries, holding the weights evaluation
         uses (EMA's average where the run has EMA, swapped in as at an evaluation), in eval mode on the run's device.
 
-        Its outputs are the evaluation's (``eval()``) on the same inputs. Each call builds a new module from the
-        current state; the trainer and the ``model`` it was given are left as they are.
+        Its outputs are the evaluation's (``eval()``) on the same inputs; it runs in its weights' precision, so
+        under ``bf16-mixed`` or ``fp16-mixed`` call it inside ``torch.autocast`` to match an evaluation exactly. Each
+        call builds a new module from the current state; the trainer and the ``model`` it was given are left as
+        they are.
         """
         state = evaluation_state(self.algorithms, self.static, self.state, self.timestamp, self.passes)
         return module_with(self.static.module, state.params, state.buffers)
