@@ -222,6 +222,7 @@ _EVAL_INTERVAL = _checked(
     lambda text: validate.time("--eval-interval", text, (TimeUnit.EPOCH, TimeUnit.BATCH), "1ep"),
     lambda t: t.value >= 1,
 )
+_RATIO = _checked("a finite number > 0, e.g. 0.5", float, lambda x: math.isfinite(x) and x > 0)
 _COUNT = _checked("a whole number >= 0", int, lambda n: n >= 0)
 _DIRECTORY = _checked("an existing folder", Path, Path.is_dir)
 _MODEL = _checked(
@@ -277,6 +278,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         train.add_argument("--optimizer", default=None, choices=OPTIMIZERS, help="task default (SGD) if omitted")
         train.add_argument("--precision", default="fp32", choices=("fp32", "bf16-mixed", "fp16-mixed"))
         train.add_argument("--compile", action="store_true", help="compile the step with torch.compile")
+        train.add_argument(
+            "--scale-schedule-ratio",
+            type=_RATIO,
+            default=1.0,
+            help="train this fraction of --max-duration, the schedule stretched to fit (Composer's scale schedule)",
+        )
         train.add_argument("--save-folder", type=_FOLDER, default=None)
         train.add_argument("--save-interval", type=_SAVE_INTERVAL, default="1ep", help="how often to checkpoint (default 1ep)")
         train.add_argument("--eval-interval", type=_EVAL_INTERVAL, default="1ep", help="how often to evaluate (default 1ep)")
@@ -328,6 +335,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     predict.add_argument("--split", default="heldout", choices=("heldout", "train"), help="which part (default heldout)")
     predict.add_argument("--output", type=_FILE, default=None, help="the CSV to write (default: by the checkpoint)")
     predict.add_argument("--batch-size", type=_POSITIVE_INT, default=256)
+    pareto = commands.add_parser(
+        "pareto", help="run a sweep of recipes x lengths x seeds; write accuracy against wall time (table and PNG)"
+    )
+    pareto.add_argument("--config", type=Path, required=True, help="the sweep file (TOML; see composer_fn.pareto)")
+    pareto.add_argument("--jobs", type=_POSITIVE_INT, default=1, help="runs at once (default 1: timings unshared)")
     report = commands.add_parser("report", help="draw a run's log (loss, held-out metric, learning rate, throughput) as a PNG")
     report.add_argument("run", type=Path, help="a run folder holding one JSON-lines log (--log-file), or the log")
     report.add_argument("--compare", type=Path, nargs="+", default=[], metavar="RUN", help="more runs, overlaid")
@@ -410,6 +422,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
         data.train,
         eval_loader,
         max_duration=args.max_duration,
+        scale_schedule_ratio=args.scale_schedule_ratio,
         optimizer=optimizer,
         schedule=schedule,
         algorithms=algorithms,
@@ -621,6 +634,31 @@ def _choice(flag: str, choices: tuple[object, ...]) -> Callable[[str], object]:
     return convert
 
 
+def _pareto(args: argparse.Namespace) -> int:
+    from composer_fn import pareto
+
+    try:
+        sweep = pareto.load_sweep(args.config)
+        runs = sweep.runs()
+        done = sum(pareto.read_result(run) is not None for run in runs)
+        print(f"{len(runs)} runs in {sweep.folder} ({done} finished before), {args.jobs} at a time", flush=True)
+
+        def finished(run: pareto.RunSpec, result: pareto.Result) -> None:
+            print(
+                f"{run.name} {run.length} seed {run.seed}: accuracy {result.accuracy:.2%}, {result.wall_time:.1f} s",
+                flush=True,
+            )
+
+        results = pareto.run_sweep(sweep, jobs=args.jobs, on_result=finished)
+        markdown, picture = pareto.write_pareto(sweep, results)
+    except (ValueError, RuntimeError, OSError) as error:
+        print(f"composer-fn: {error}", file=sys.stderr)
+        return 2
+    print(markdown.read_text(encoding="utf-8"))
+    print(f"wrote {markdown} and {picture}")
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from composer_fn.report import write_report
 
@@ -661,6 +699,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "report":
         return _report(args)
+    if args.command == "pareto":
+        return _pareto(args)
     if args.command in ("export", "predict"):
         try:
             return _export(args) if args.command == "export" else _predict(args)

@@ -1,0 +1,384 @@
+"""Pareto sweeps: recipes × training lengths × seeds, each run of ``composer-fn train`` kept in its own folder, then
+held-out accuracy against wall time, one line per recipe, against the baseline's frontier.
+
+A sweep file (TOML) names what to run; paths in it are relative to the file::
+
+    recipes = ["../recipes/digits-baseline.toml", "../recipes/digits-mild.toml"]  # the first is the baseline
+    max_durations = ["4ep", "8ep"]         # or: scale_schedule_ratios = [0.5, 1.0] (each recipe's own length)
+    seeds = [0, 1, 2]
+    folder = "../runs/pareto/digits"      # default: a folder named after the sweep file, beside it
+    baseline = "digits-baseline"           # optional: the recipe (file stem) the others are measured against
+    [flags]                                # optional: flags for every run, spelled as in recipes
+    threads = 1
+
+Run ``<folder>/<recipe>/<length>/seed<k>/`` holds the run's JSON-lines ``log.jsonl``, its checkpoints and, once it
+has finished, ``result.json``. A run with a result is not run again; one without (interrupted) is started with
+``--autoresume`` and continues from its newest checkpoint. A run's wall time is the sum of its attempts' training
+wall times (each attempt's ``fit`` record; an attempt that was cut short counts up to its last record), so an
+interrupted run counts the work it redid.
+
+The summary gives, per recipe and length, the mean and standard deviation (over seeds, ``ddof=1``) of the held-out
+accuracy and the mean wall time; the baseline's target is its mean accuracy at its longest length, and each
+recipe's speed-up is the baseline's mean wall time there over the recipe's shortest mean wall time at or above the
+target. Runs sharing the machine slow each other: time comparisons want ``jobs × threads`` at most the cores.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Sweep", "RunSpec", "Result", "Point", "load_sweep", "run_sweep", "summarise", "draw", "write_pareto"]
+
+WIDTH, HEIGHT, DPI = 10, 6, 100
+
+
+class SweepError(ValueError):
+    """A sweep file that cannot be read: the message names the file, the field and what is accepted."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a sweep: its recipe, its length (a ``max_duration`` or a scale-schedule ratio) and its seed."""
+
+    recipe: Path
+    length: str
+    seed: int
+    folder: Path
+    by_ratio: bool
+
+    @property
+    def name(self) -> str:
+        """Returns the recipe's name: its file stem."""
+        return self.recipe.stem
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A sweep file, read: its runs, the baseline's name, the flags every run gets and where results go."""
+
+    path: Path
+    recipes: tuple[Path, ...]
+    lengths: tuple[str, ...]
+    by_ratio: bool
+    seeds: tuple[int, ...]
+    folder: Path
+    baseline: str
+    flags: dict[str, Any] = field(default_factory=dict)
+
+    def runs(self) -> list[RunSpec]:
+        """Returns every run, recipe by recipe, then length, then seed."""
+        return [
+            RunSpec(recipe, length, seed, self.folder / recipe.stem / _label(length, self.by_ratio) / f"seed{seed}", self.by_ratio)
+            for recipe in self.recipes
+            for length in self.lengths
+            for seed in self.seeds
+        ]
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a finished run logged: its final held-out accuracy and loss, its wall time and its step count."""
+
+    recipe: str
+    length: str
+    seed: int
+    accuracy: float
+    loss: float
+    wall_time: float
+    steps: int
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Point:
+    """One recipe at one length, over its seeds."""
+
+    recipe: str
+    length: str
+    seeds: int
+    accuracy: float
+    accuracy_std: float
+    wall_time: float
+
+
+def _label(length: str, by_ratio: bool) -> str:
+    return f"ssr{length}" if by_ratio else length
+
+
+def load_sweep(path: str | os.PathLike[str]) -> Sweep:
+    """Returns the sweep in the TOML file at ``path``; raises ``SweepError`` naming the field that is wrong."""
+    source = Path(path)
+    if not source.is_file():
+        raise SweepError(f"sweep file {str(source)!r} does not exist: expected a TOML file (see composer_fn.pareto)")
+    try:
+        import tomllib
+    except ModuleNotFoundError:
+        raise SweepError("sweep files need Python 3.11 or newer (the standard library's tomllib)") from None
+    try:
+        table = tomllib.loads(source.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as error:
+        raise SweepError(f"sweep file {str(source)!r} is not valid TOML: {error}") from None
+    known = {"recipes", "max_durations", "scale_schedule_ratios", "seeds", "folder", "baseline", "flags"}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise SweepError(f"{source}: unknown field {unknown[0]!r}; accepted: {', '.join(sorted(known))}")
+    here = source.parent
+    recipes = table.get("recipes")
+    if not isinstance(recipes, list) or not recipes or not all(isinstance(r, str) for r in recipes):
+        raise SweepError(f"{source}: recipes={recipes!r}: expected a non-empty list of recipe file paths")
+    paths = tuple((here / r).resolve() for r in recipes)
+    for given, resolved in zip(recipes, paths, strict=True):
+        if not resolved.is_file():
+            raise SweepError(f"{source}: recipes: {given!r} is not a file ({resolved}); paths are relative to the sweep file")
+    stems = [p.stem for p in paths]
+    if len(set(stems)) != len(stems):
+        raise SweepError(f"{source}: recipes: two files share a name ({stems}); expected one name per recipe")
+    if ("max_durations" in table) == ("scale_schedule_ratios" in table):
+        raise SweepError(f"{source}: expected exactly one of max_durations (e.g. ['4ep', '8ep']) and scale_schedule_ratios")
+    by_ratio = "scale_schedule_ratios" in table
+    lengths = table["scale_schedule_ratios" if by_ratio else "max_durations"]
+    if by_ratio:
+        valid = isinstance(lengths, list) and lengths and all(
+            isinstance(r, int | float) and not isinstance(r, bool) and 0 < r and math.isfinite(r) for r in lengths
+        )
+        if not valid:
+            raise SweepError(f"{source}: scale_schedule_ratios={lengths!r}: expected a non-empty list of numbers > 0")
+        texts = tuple(repr(float(r)) for r in lengths)
+    else:
+        from composer_fn.core import validate
+        from composer_fn.core.time import TimeUnit
+
+        if not isinstance(lengths, list) or not lengths:
+            raise SweepError(f"{source}: max_durations={lengths!r}: expected a non-empty list such as ['4ep', '8ep']")
+        try:
+            for text in lengths:
+                validate.time("max_durations", text, (TimeUnit.EPOCH, TimeUnit.BATCH), "4ep")
+        except ValueError as error:
+            raise SweepError(f"{source}: {error}") from None
+        texts = tuple(lengths)
+    seeds = table.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+        raise SweepError(f"{source}: seeds={seeds!r}: expected a non-empty list of whole numbers >= 0")
+    baseline = table.get("baseline", stems[0])
+    if baseline not in stems:
+        raise SweepError(f"{source}: baseline={baseline!r}: expected one of the recipes' names {stems}")
+    flags = table.get("flags", {})
+    if not isinstance(flags, dict):
+        raise SweepError(f"{source}: flags={flags!r}: expected a table of flags, e.g. [flags] threads = 1")
+    reserved = {"config", "max_duration", "scale_schedule_ratio", "seed", "save_folder", "autoresume", "log_file"}
+    taken = sorted(reserved & set(flags))
+    if taken:
+        raise SweepError(f"{source}: flags.{taken[0]} is set by the sweep for each run; remove it")
+    folder = here / table["folder"] if "folder" in table else here / "runs" / source.stem
+    return Sweep(source, paths, texts, by_ratio, tuple(seeds), folder.resolve(), baseline, dict(flags))
+
+
+def _command(run: RunSpec, flags: dict[str, Any]) -> list[str]:
+    command = [
+        sys.executable, "-m", "composer_fn", "train",
+        "--config", str(run.recipe),
+        "--scale-schedule-ratio" if run.by_ratio else "--max-duration", run.length,
+        "--seed", str(run.seed),
+        "--save-folder", str(run.folder / "checkpoints"),
+        "--autoresume",
+        "--log-file", str(run.folder / "log.jsonl"),
+        "--no-progress",
+    ]  # fmt: skip
+    for name, value in flags.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            command.append(flag)
+        elif value is not False:
+            command += [flag, str(value)]
+    return command
+
+
+def read_result(run: RunSpec) -> Result | None:
+    """Returns the finished run's result (from its ``result.json``), or None if it has not finished."""
+    path = run.folder / "result.json"
+    if not path.is_file():
+        return None
+    return Result(**json.loads(path.read_text(encoding="utf-8")))
+
+
+def result_of_log(run: RunSpec) -> Result:
+    """Returns the result the run's log records: its last evaluation and the sum of its attempts' wall times."""
+    records = [json.loads(line) for line in (run.folder / "log.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+    attempts: list[float] = []
+    for record in records:
+        if record.get("kind") == "hparams":
+            attempts.append(0.0)
+        elif attempts and record.get("kind") == "fit":
+            attempts[-1] = float(record["wall_time"])
+        elif attempts and "wall_time" in record:
+            attempts[-1] = max(attempts[-1], float(record["wall_time"]))
+    evaluations = [r for r in records if r.get("kind") == "eval"]
+    if not evaluations:
+        raise ValueError(f"run {run.folder} logged no evaluation: expected a held-out evaluation at its end")
+    last = evaluations[-1]
+    accuracy = next((k for k in last if k.endswith("/accuracy")), None)
+    loss = next((k for k in last if k.startswith("eval/") and k.endswith("/loss")), None)
+    if accuracy is None:
+        raise ValueError(f"run {run.folder}'s last evaluation has no accuracy (keys {sorted(last)})")
+    return Result(
+        run.name,
+        run.length,
+        run.seed,
+        float(last[accuracy]),
+        float(last[loss]) if loss else math.nan,
+        sum(attempts),
+        int(last["step"]),
+        len(attempts),
+    )
+
+
+def _write_json(path: Path, value: Any) -> None:
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(handle, "w", encoding="utf-8") as stream:
+        json.dump(value, stream, indent=1)
+    os.replace(temporary, path)
+
+
+def run_one(run: RunSpec, flags: dict[str, Any]) -> Result:
+    """Returns the run's result, training it first (or resuming it) unless it has finished."""
+    done = read_result(run)
+    if done is not None:
+        return done
+    run.folder.mkdir(parents=True, exist_ok=True)
+    with (run.folder / "output.txt").open("a", encoding="utf-8") as output:
+        status = subprocess.call(_command(run, flags), stdout=output, stderr=subprocess.STDOUT)
+    if status != 0:
+        tail = (run.folder / "output.txt").read_text(encoding="utf-8").strip().splitlines()[-1:]
+        raise RuntimeError(f"run {run.folder} failed with status {status}: {tail[0] if tail else 'no output'}")
+    result = result_of_log(run)
+    _write_json(run.folder / "result.json", result.__dict__)
+    return result
+
+
+def run_sweep(
+    sweep: Sweep, *, jobs: int = 1, on_result: Callable[[RunSpec, Result], None] | None = None
+) -> list[Result]:
+    """Returns every run's result, running the unfinished ones ``jobs`` at a time (finished ones are read)."""
+    if not (isinstance(jobs, int) and jobs >= 1):
+        raise ValueError(f"jobs={jobs!r} must be a whole number >= 1")
+    runs = sweep.runs()
+
+    def one(run: RunSpec) -> Result:
+        result = run_one(run, sweep.flags)
+        if on_result is not None:
+            on_result(run, result)
+        return result
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, runs))
+
+
+def summarise(sweep: Sweep, results: Sequence[Result]) -> dict[str, list[Point]]:
+    """Returns each recipe's points, one per length in the sweep's order, over its seeds."""
+    points: dict[str, list[Point]] = {}
+    for recipe in sweep.recipes:
+        for length in sweep.lengths:
+            group = [r for r in results if r.recipe == recipe.stem and r.length == length]
+            if not group:
+                continue
+            accuracies = [r.accuracy for r in group]
+            points.setdefault(recipe.stem, []).append(
+                Point(
+                    recipe.stem,
+                    length,
+                    len(group),
+                    statistics.fmean(accuracies),
+                    statistics.stdev(accuracies) if len(group) > 1 else 0.0,
+                    statistics.fmean(r.wall_time for r in group),
+                )
+            )
+    return points
+
+
+def target(sweep: Sweep, points: dict[str, list[Point]]) -> Point:
+    """Returns the baseline's point at its longest length: the accuracy the others must reach, and its time."""
+    return points[sweep.baseline][-1]
+
+
+def speedups(sweep: Sweep, points: dict[str, list[Point]]) -> dict[str, float | None]:
+    """Returns, per recipe, the baseline's wall time at the target over the recipe's shortest mean wall time at
+    which its mean accuracy reaches the target (None if it never does)."""
+    goal = target(sweep, points)
+    found: dict[str, float | None] = {}
+    for recipe, line in points.items():
+        reaching = [p.wall_time for p in line if p.accuracy >= goal.accuracy]
+        found[recipe] = goal.wall_time / min(reaching) if reaching else None
+    return found
+
+
+def table(sweep: Sweep, points: dict[str, list[Point]]) -> str:
+    """Returns the summary as a Markdown table, with each recipe's speed-up to the baseline's accuracy."""
+    goal = target(sweep, points)
+    ratios = speedups(sweep, points)
+    lines = [
+        "| recipe | length | seeds | held-out accuracy (mean ± std) | wall time (s, mean) |",
+        "|---|---|---|---|---|",
+    ]
+    for recipe, line in points.items():
+        for p in line:
+            lines.append(
+                f"| {recipe} | {_label(p.length, sweep.by_ratio)} | {p.seeds} | {p.accuracy:.2%} ± {p.accuracy_std:.2%} "
+                f"| {p.wall_time:.3g} |"
+            )
+    lines.append("")
+    lines.append(f"Target: {sweep.baseline}'s {goal.accuracy:.2%} at {_label(goal.length, sweep.by_ratio)}, {goal.wall_time:.3g} s.")
+    for recipe, ratio in ratios.items():
+        reached = f"reaches it in {1 / ratio:.2f}× the baseline's time (speed-up {ratio:.2f}×)" if ratio else "does not reach it"
+        lines.append(f"- {recipe}: {reached}")
+    return "\n".join(lines)
+
+
+def draw(sweep: Sweep, points: dict[str, list[Point]]) -> Any:
+    """Returns the figure: held-out accuracy against wall time, a line per recipe (its lengths, error bars over
+    seeds), the baseline's frontier in black, and its target as a dashed line."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(WIDTH, HEIGHT), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    ax = figure.subplots()
+    colours = iter(f"C{i % 10}" for i in range(100))
+    for recipe, line in points.items():
+        ordered = sorted(line, key=lambda p: p.wall_time)
+        baseline = recipe == sweep.baseline
+        colour = "black" if baseline else next(colours)
+        xs, ys = [p.wall_time for p in ordered], [100 * p.accuracy for p in ordered]
+        ax.errorbar(
+            xs, ys, yerr=[100 * p.accuracy_std for p in ordered], color=colour, marker="o", capsize=3,
+            linewidth=2.5 if baseline else 1.5, label=f"{recipe} (baseline)" if baseline else recipe,
+        )  # fmt: skip
+    goal = target(sweep, points)
+    ax.axhline(100 * goal.accuracy, color="black", linestyle="--", linewidth=0.8, label="baseline's target")
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("held-out accuracy (%)")
+    ax.set_title(f"{sweep.path.stem}: accuracy against wall time")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right")
+    return figure
+
+
+def write_pareto(sweep: Sweep, results: Sequence[Result]) -> tuple[Path, Path]:
+    """Writes ``pareto.md`` (the table) and ``pareto.png`` (the figure) in the sweep's folder; returns their paths."""
+    points = summarise(sweep, results)
+    sweep.folder.mkdir(parents=True, exist_ok=True)
+    markdown, picture = sweep.folder / "pareto.md", sweep.folder / "pareto.png"
+    markdown.write_text(table(sweep, points) + "\n", encoding="utf-8")
+    draw(sweep, points).savefig(picture, dpi=DPI)
+    _write_json(sweep.folder / "points.json", {recipe: [p.__dict__ for p in line] for recipe, line in points.items()})
+    return markdown, picture

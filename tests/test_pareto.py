@@ -1,0 +1,125 @@
+"""Pareto sweeps: recipes x lengths x seeds run by the command line, finished runs skipped, an interrupted one
+resumed, and a table and picture whose points are the runs' logged values."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+from composer_fn import pareto
+from composer_fn.cli import main
+
+RECIPE = 'task = "digits-mlp"\nbatch_size = 128\n[optimizer]\nname = "sgd"\nlearning_rate = 0.2\n{extra}'
+
+
+def _sweep(folder: Path) -> Path:
+    (folder / "plain.toml").write_text(RECIPE.format(extra=""))
+    (folder / "smooth.toml").write_text(RECIPE.format(extra="[algorithms.label_smoothing]\nsmoothing = 0.1\n"))
+    sweep = folder / "sweep.toml"
+    sweep.write_text(
+        'recipes = ["plain.toml", "smooth.toml"]\nmax_durations = ["2ba", "5ba"]\nseeds = [0, 1]\n'
+        'folder = "out"\n[flags]\nthreads = 1\n'
+    )
+    return sweep
+
+
+def _logged_accuracy(run: pareto.RunSpec) -> float:
+    # Read straight from the run's log, apart from the code under test.
+    records = [json.loads(line) for line in (run.folder / "log.jsonl").read_text().splitlines()]
+    return [r for r in records if r["kind"] == "eval"][-1]["eval/eval/accuracy"]
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    folder = tmp_path_factory.mktemp("sweep")
+    sweep = _sweep(folder)
+    assert main(["pareto", "--config", str(sweep), "--jobs", "2"]) == 0
+    return sweep, ""
+
+
+def test_every_run_finishes_in_its_own_folder_and_the_picture_decodes(swept) -> None:
+    sweep = pareto.load_sweep(swept[0])
+    runs = sweep.runs()
+    assert len(runs) == 8
+    for run in runs:
+        result = pareto.read_result(run)
+        assert result is not None and result.attempts == 1
+        assert result.accuracy == _logged_accuracy(run)
+        assert result.steps == int(run.length.removesuffix("ba"))
+    import warnings
+
+    from torchvision.io import decode_png, read_file
+
+    warnings.simplefilter("ignore", DeprecationWarning)
+
+    picture = decode_png(read_file(str(sweep.folder / "pareto.png")))
+    assert picture.shape[1:] == (pareto.HEIGHT * pareto.DPI, pareto.WIDTH * pareto.DPI)
+    assert "| plain | 5ba | 2 |" in (sweep.folder / "pareto.md").read_text()
+
+
+def test_the_plots_points_are_the_runs_logged_values(swept) -> None:
+    sweep = pareto.load_sweep(swept[0])
+    results = [pareto.read_result(run) for run in sweep.runs()]
+    points = pareto.summarise(sweep, results)  # type: ignore[arg-type]
+    figure = pareto.draw(sweep, points)
+    # Each recipe is one error-bar container: its data line, and its label in the legend.
+    lines = {container.get_label(): container.lines[0].get_xydata() for container in figure.axes[0].containers}
+    for recipe in ("plain", "smooth"):
+        label = f"{recipe} (baseline)" if recipe == "plain" else recipe
+        expected = []
+        for length in ("2ba", "5ba"):
+            runs = [r for r in sweep.runs() if r.name == recipe and r.length == length]
+            walls = [pareto.result_of_log(r).wall_time for r in runs]
+            expected.append((statistics.fmean(walls), 100 * statistics.fmean(_logged_accuracy(r) for r in runs)))
+        drawn = sorted(map(tuple, lines[label].tolist()))
+        for (x, y), (wall, accuracy) in zip(drawn, sorted(expected), strict=True):
+            assert x == pytest.approx(wall, rel=1e-12) and y == pytest.approx(accuracy, rel=1e-12)
+
+
+def test_a_second_sweep_skips_finished_runs_and_resumes_an_interrupted_one(swept, capsys) -> None:
+    sweep = pareto.load_sweep(swept[0])
+    runs = sweep.runs()
+    before = {run.folder: (run.folder / "log.jsonl").stat().st_mtime_ns for run in runs}
+    interrupted = runs[3]
+    (interrupted.folder / "result.json").unlink()
+    assert main(["pareto", "--config", str(swept[0])]) == 0
+    assert "8 runs in" in (out := capsys.readouterr().out) and "(7 finished before)" in out
+    for run in runs:
+        unchanged = (run.folder / "log.jsonl").stat().st_mtime_ns == before[run.folder]
+        assert unchanged == (run is not interrupted)
+    resumed = pareto.read_result(interrupted)
+    assert resumed is not None and resumed.attempts == 2 and resumed.accuracy == _logged_accuracy(interrupted)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('recipes = []\nmax_durations = ["1ep"]', "recipes=[]: expected a non-empty list"),
+        ('recipes = ["plain.toml"]', "expected exactly one of max_durations"),
+        ('recipes = ["plain.toml"]\nmax_durations = ["1sec"]', "max_durations='1sec'"),
+        ('recipes = ["nope.toml"]\nmax_durations = ["1ep"]', "'nope.toml' is not a file"),
+        ('recipes = ["plain.toml"]\nmax_durations = ["1ep"]\nseeds = [-1]', "seeds=[-1]"),
+        ('recipes = ["plain.toml"]\nmax_durations = ["1ep"]\n[flags]\nseed = 3', "flags.seed is set by the sweep"),
+        ('recipes = ["plain.toml"]\nmax_durations = ["1ep"]\nbaselne = "x"', "unknown field 'baselne'"),
+    ],
+)
+def test_a_bad_sweep_file_is_refused_naming_the_field(tmp_path: Path, capsys, text: str, message: str) -> None:
+    (tmp_path / "plain.toml").write_text(RECIPE.format(extra=""))
+    (tmp_path / "sweep.toml").write_text(text)
+    assert main(["pareto", "--config", str(tmp_path / "sweep.toml")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "sweep.toml" in err[0] and message in err[0]
+
+
+def test_lengths_by_scale_schedule_ratio_are_each_recipes_own_length_scaled(tmp_path: Path) -> None:
+    (tmp_path / "plain.toml").write_text('max_duration = "4ba"\n' + RECIPE.format(extra=""))
+    (tmp_path / "sweep.toml").write_text('recipes = ["plain.toml"]\nscale_schedule_ratios = [0.5]\nseeds = [3]\n')
+    sweep = pareto.load_sweep(tmp_path / "sweep.toml")
+    (run,) = sweep.runs()
+    result = pareto.run_one(run, {"threads": 1})
+    assert result.steps == 2 and run.folder.name == "seed3" and run.folder.parent.name == "ssr0.5"
+    assert torch.tensor(result.accuracy).isfinite()
