@@ -41,6 +41,7 @@ from composer_fn.algorithms import (
     MixUp,
     ProgressiveResizing,
     RandAugment,
+    RandomCropFlip,
     SelectiveBackprop,
 )
 from composer_fn.core.algorithm import Algorithm, algorithm_from_config
@@ -61,6 +62,7 @@ CONFIGURATIONS: dict[str, tuple[Algorithm, ...]] = {
     "cutout": (CutOut(),),
     "cutout, per sample": (CutOut(per_sample=True),),
     "colout": (ColOut(),),
+    "random_crop_flip": (RandomCropFlip(padding=1, flip_p=0.0),),
     "progressive_resizing": (ProgressiveResizing(),),
     "selective_backprop": (SelectiveBackprop(),),
     "gradient_clipping": (GradientClipping(clipping_type="norm", clipping_threshold=1.0),),

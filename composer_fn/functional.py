@@ -56,6 +56,12 @@ from composer_fn.algorithms.randaugment import (
     randaugment_image,
     randaugment_params,
 )
+from composer_fn.algorithms.random_crop_flip import (
+    RandomCropFlipParams,
+    random_crop_flip_apply,
+    random_crop_flip_batch,
+    random_crop_flip_params,
+)
 from composer_fn.algorithms.sam import sam_gradients, sam_perturbation
 from composer_fn.algorithms.selective_backprop import (
     select_indices,
@@ -101,6 +107,7 @@ __all__ = [
     "CutOutParams",
     "MixUpParams",
     "RandAugmentParams",
+    "RandomCropFlipParams",
     "apply_channels_last",
     "apply_gradient_clipping",
     "augmix_apply",
@@ -133,6 +140,9 @@ __all__ = [
     "mixup_targets",
     "pinned_size",
     "progressive_scale",
+    "random_crop_flip_apply",
+    "random_crop_flip_batch",
+    "random_crop_flip_params",
     "randaugment_apply",
     "randaugment_batch",
     "randaugment_image",

@@ -20,6 +20,7 @@ from composer_fn.algorithms.low_precision_layernorm import LowPrecisionLayerNorm
 from composer_fn.algorithms.mixup import MixUp
 from composer_fn.algorithms.progressive_resizing import ProgressiveResizing
 from composer_fn.algorithms.randaugment import RandAugment
+from composer_fn.algorithms.random_crop_flip import RandomCropFlip
 from composer_fn.algorithms.sam import SAM
 from composer_fn.algorithms.selective_backprop import SelectiveBackprop
 from composer_fn.algorithms.seq_length_warmup import SeqLengthWarmup
@@ -51,6 +52,7 @@ __all__ = [
     "MixUp",
     "ProgressiveResizing",
     "RandAugment",
+    "RandomCropFlip",
     "SAM",
     "SelectiveBackprop",
     "SeqLengthWarmup",

@@ -63,6 +63,7 @@ SETTINGS: dict[str, CheckSettings] = {
     "colout": CheckSettings(stochastic=lambda a: a.p_row > 0 or a.p_col > 0),
     "cutmix": CheckSettings(stochastic=_always),
     "cutout": CheckSettings(stochastic=lambda a: a.num_holes > 0 and a.length > 0),
+    "random_crop_flip": CheckSettings(stochastic=lambda a: a.padding > 0 or 0 < a.flip_p < 1),
     "early_stopper": CheckSettings(),
     "ema": CheckSettings(),
     "factorize": CheckSettings(A.Factorize(min_channels=8, min_features=4, latent_features=0.25)),
