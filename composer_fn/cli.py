@@ -162,11 +162,13 @@ def _prepare(args: argparse.Namespace, unit_range: bool, world_size: int = 1) ->
     return Prepared(name, *loaders, shape, num_classes, model, batch_size, learning_rate, unit_range)  # type: ignore[arg-type]
 
 
-def _model(name: str, data: Prepared) -> nn.Module:
-    """Returns the untrained model ``name`` fitted to the data's images and classes."""
+def _model(name: str, data: Prepared, seed: int) -> nn.Module:
+    """Returns the untrained model ``name`` fitted to the data's images and classes, its weights drawn from the
+    run's seed."""
+    from composer_fn.core import random as R
     from composer_fn.models.zoo import build_model
 
-    return build_model(name, data.image_shape, data.num_classes)
+    return build_model(name, data.image_shape, data.num_classes, key=R.key(seed))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -391,7 +393,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
     world = environment_world() or World()
     data = _prepare(args, _wants_unit_range(algorithms), world.size)
     model_name = args.model or data.model
-    model = _model(model_name, data)
+    model = _model(model_name, data, args.seed)
     recipe: Recipe = args.recipe
     # The optimizer: --optimizer (with its default arguments), else the recipe's table, else the task's SGD.
     task_optimizer = {
@@ -597,7 +599,7 @@ def _plan(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
     steps_per_epoch = len(data.train)
     input_shape = (batch_size, *data.image_shape)
     # Checked against the run's model: a surgery that finds nothing to rewrite there never runs.
-    model = _model(args.model or data.model, data)
+    model = _model(args.model or data.model, data, args.seed)
     inert = [a for a in algorithms if (rewrites := a.capabilities().rewrites) is not None and not rewrites(model)]
     acting = tuple(a for a in algorithms if a not in inert)
     report = dry_run(acting, args.max_duration, steps_per_epoch, batch_size=batch_size, input_shape=input_shape)

@@ -11,8 +11,9 @@
   convolution rebuilt for ``C`` input channels when ``C != 3``; auxiliary heads (GoogLeNet, Inception v3) are
   turned off, so the model returns one tensor of logits.
 
-Nothing is downloaded. The parameters are drawn from the key (PyTorch's default layer initialisation, built on
-the meta device), never from the global generator; a model whose buffers that cannot fill (position tables,
+Nothing is downloaded. The parameters are drawn from the key (``key(0)`` by default; the command line passes
+``key(seed)``) with PyTorch's default layer initialisation, built on the meta device, never from the global
+generator; a model whose buffers that cannot fill (position tables,
 for instance) is built on the CPU under a generator forked from the key and restored afterwards.
 """
 
@@ -27,7 +28,7 @@ from torch import nn
 from composer_fn.core import random as R
 from composer_fn.core.random import Key
 from composer_fn.core.validate import integer
-from composer_fn.nn.init import materialise
+from composer_fn.nn.init import init_parameters, materialise
 
 __all__ = ["ZOO", "build_model", "model_names", "torchvision_classifier"]
 
@@ -79,6 +80,12 @@ def build_model(
     }
     if name in builders:
         model = builders[name]()
+        if name in ("small_cnn", "mlp"):
+            # Built from key(0) by their constructors: the parameters are drawn again from the key given.
+            values = init_parameters(model, parameter_key)
+            with torch.no_grad():
+                for parameter_name, parameter in model.named_parameters():
+                    parameter.copy_(values[parameter_name])
     elif name in TORCHVISION_RESNETS:
         model = torchvision_resnet(name, num_classes, channels, key=parameter_key)
     else:

@@ -168,6 +168,9 @@ def test_a_model_by_name_takes_the_datas_channels_and_classes(name: str) -> None
     assert outputs.shape == (3, 7)
     for (key, tensor), other in zip(model.state_dict().items(), again.state_dict().values(), strict=True):
         assert torch.equal(tensor, other), key
+    # Another key, other weights: a run's seed reaches its initialisation.
+    other = build_model(name, (1, 32, 32), 7, key=R.key(4))
+    assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), other.parameters(), strict=True))
 
 
 def test_a_model_that_cannot_take_the_images_is_refused_in_one_line() -> None:
