@@ -162,13 +162,13 @@ def _prepare(args: argparse.Namespace, unit_range: bool, world_size: int = 1) ->
     return Prepared(name, *loaders, shape, num_classes, model, batch_size, learning_rate, unit_range)  # type: ignore[arg-type]
 
 
-def _model(name: str, data: Prepared, seed: int) -> nn.Module:
+def _model(name: str, data: Prepared, seed: int, options: dict[str, object]) -> nn.Module:
     """Returns the untrained model ``name`` fitted to the data's images and classes, its weights drawn from the
     run's seed."""
     from composer_fn.core import random as R
     from composer_fn.models.zoo import build_model
 
-    return build_model(name, data.image_shape, data.num_classes, key=R.key(seed))
+    return build_model(name, data.image_shape, data.num_classes, key=R.key(seed), options=options)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -232,6 +232,29 @@ _MODEL = _checked(
     str,
     lambda name: bool(name) and name.replace("_", "").isalnum(),
 )
+def _model_kwargs(text: str) -> dict[str, object] | None:
+    """Returns ``name=value`` pairs separated by commas as a dict: ints, floats, true/false, else strings."""
+    options: dict[str, object] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, equals, value = item.partition("=")
+        if not equals or not name.strip().isidentifier() or not value.strip() or name.strip() in options:
+            return None
+        options[name.strip()] = _plain(value.strip())
+    return options
+
+
+def _plain(text: str) -> object:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+_MODEL_KWARGS = _checked("comma-separated name=value pairs, each name once, e.g. width=16,dropout=0.1", _model_kwargs, lambda d: True)
 _CHECKPOINT = _checked("an existing checkpoint file, e.g. runs/latest.pt", Path, Path.is_file)
 _FOLDER = _checked("a folder (created if missing), not a file", Path, lambda path: not path.is_file())
 _FILE = _checked("a file (created if missing), not a folder", Path, lambda path: not path.is_dir())
@@ -270,6 +293,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             type=_MODEL,
             default=None,
             help=f"{', '.join(ZOO)}, or any torchvision.models classification model by name (the task's if omitted)",
+        )
+        sub.add_argument(
+            "--model-kwargs",
+            type=_MODEL_KWARGS,
+            default={},
+            help="the model constructor's own arguments, e.g. width=16,dropout=0.1 (SmallCNN) or dropout=0.3 (torchvision)",
         )
         sub.add_argument("--max-duration", type=_MAX_DURATION, default="10ep", help="e.g. 10ep or 500ba")
         sub.add_argument("--batch-size", type=_POSITIVE_INT, default=None, help="task default if omitted")
@@ -393,7 +422,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
     world = environment_world() or World()
     data = _prepare(args, _wants_unit_range(algorithms), world.size)
     model_name = args.model or data.model
-    model = _model(model_name, data, args.seed)
+    model = _model(model_name, data, args.seed, args.model_kwargs)
     recipe: Recipe = args.recipe
     # The optimizer: --optimizer (with its default arguments), else the recipe's table, else the task's SGD.
     task_optimizer = {
@@ -435,7 +464,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
         callbacks=callbacks,
         save_folder=args.save_folder,
         save_interval=args.save_interval,
-        save_metadata=_metadata(data, model_name),
+        save_metadata=_metadata(data, model_name, args.model_kwargs),
         eval_interval=args.eval_interval,
         load_path=args.load_path,
         autoresume=args.autoresume,
@@ -474,11 +503,12 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
     return 0
 
 
-def _metadata(data: Prepared, model: str) -> dict[str, Any]:
+def _metadata(data: Prepared, model: str, options: dict[str, object]) -> dict[str, Any]:
     """Returns what a checkpoint records to rebuild its model and read its data again (export, predict)."""
     return {
         "data": data.name,
         "model": model,
+        "model_kwargs": dict(options),
         "image_shape": list(data.image_shape),
         "num_classes": data.num_classes,
         "unit_range": data.unit_range,
@@ -499,7 +529,9 @@ def _trained(args: argparse.Namespace) -> tuple[nn.Module, dict[str, Any]]:
             "by a Trainer without save_metadata); rebuild the architecture and call composer_fn.load_model(checkpoint, model)"
         )
     shape = tuple(int(d) for d in metadata["image_shape"])
-    architecture = build_model(metadata["model"], shape, int(metadata["num_classes"]))  # type: ignore[arg-type]
+    architecture = build_model(
+        metadata["model"], shape, int(metadata["num_classes"]), options=metadata.get("model_kwargs") or {}  # type: ignore[arg-type]
+    )
     return load_model(args.checkpoint, architecture), metadata
 
 
@@ -599,7 +631,7 @@ def _plan(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
     steps_per_epoch = len(data.train)
     input_shape = (batch_size, *data.image_shape)
     # Checked against the run's model: a surgery that finds nothing to rewrite there never runs.
-    model = _model(args.model or data.model, data, args.seed)
+    model = _model(args.model or data.model, data, args.seed, args.model_kwargs)
     inert = [a for a in algorithms if (rewrites := a.capabilities().rewrites) is not None and not rewrites(model)]
     acting = tuple(a for a in algorithms if a not in inert)
     report = dry_run(acting, args.max_duration, steps_per_epoch, batch_size=batch_size, input_shape=input_shape)

@@ -198,3 +198,15 @@ def test_an_image_folder_trains_exports_and_predicts_from_the_command_line(capsy
     rows = output.read_text().splitlines()
     # Every training image once, in the folder's order: 24 of the 30 (every fifth is held out).
     assert len(rows) == 25 and [row.split(",")[0] for row in rows[1:]] == [str(i) for i in range(24)]
+
+
+def test_model_kwargs_reach_the_constructor_and_the_checkpoint_rebuilds_them(capsys, tmp_path) -> None:
+    run = tmp_path / "run"
+    flags = ["--max-duration", "3ba", "--no-progress", "--save-folder", str(run)]
+    assert main(["train", "--model-kwargs", "width=8,norm=group", *flags]) == 0
+    capsys.readouterr()
+    # The export rebuilds SmallCNN(width=8, norm="group"): another width would not fit the checkpoint's tensors.
+    assert main(["export", str(run / "latest.pt"), "--format", "torchscript", "--output", str(tmp_path / "m.ts")]) == 0
+    assert "differ from the module's by at most 0" in capsys.readouterr().out
+    assert main(["train", "--model-kwargs", "width=8,depth=3", "--max-duration", "1ba", "--no-progress"]) == 2
+    assert "model='small_cnn' does not take the options {'width': 8, 'depth': 3}" in capsys.readouterr().err

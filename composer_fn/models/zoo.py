@@ -20,7 +20,7 @@ for instance) is built on the CPU under a generator forked from the key and rest
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -51,18 +51,29 @@ def model_names() -> tuple[str, ...]:
 
 
 def build_model(
-    name: str, image_shape: tuple[int, int, int], num_classes: int, *, key: Key | None = None
+    name: str,
+    image_shape: tuple[int, int, int],
+    num_classes: int,
+    *,
+    key: Key | None = None,
+    options: Mapping[str, object] | None = None,
 ) -> nn.Module:
     """Returns the untrained model ``name`` for images of ``image_shape`` and ``num_classes`` classes.
 
-    Raises ValueError for a name that is neither the zoo's nor a torchvision classification model, listing the
-    zoo and where to find the others.
+    ``options`` are the constructor's own arguments, as timm's ``model_kwargs``: ``SmallCNN``'s ``width``,
+    ``norm``, ``dropout``; ``MLP``'s ``hidden`` (an int is one layer) and ``dropout``; for a torchvision model, its
+    builder's (``dropout``, ``stochastic_depth_prob``, ``width_mult``, ...). Raises ValueError for a name that is
+    neither the zoo's nor a torchvision classification model, listing the zoo and where to find the others, and
+    for options the model does not take, naming them.
     """
     integer("num_classes", num_classes, minimum=1)
     if not (isinstance(image_shape, tuple) and len(image_shape) == 3 and all(isinstance(d, int) and d >= 1 for d in image_shape)):
         raise ValueError(f"image_shape={image_shape!r}: expected (channels, height, width) of positive ints")
     channels = image_shape[0]
     parameter_key = key if key is not None else R.key(0)
+    given = dict(options or {})
+    if isinstance(given.get("hidden"), int) and not isinstance(given.get("hidden"), bool):
+        given["hidden"] = (given["hidden"],)
     from composer_fn.models.cnn import SmallCNN
     from composer_fn.models.mlp import MLP
     from composer_fn.models.resnet import (
@@ -73,23 +84,26 @@ def build_model(
     )
 
     builders: dict[str, Callable[[], nn.Module]] = {
-        "small_cnn": lambda: SmallCNN(in_channels=channels, num_classes=num_classes),
-        "mlp": lambda: MLP(math.prod(image_shape), num_classes, hidden=(128,)),
-        "cifar_resnet20": lambda: cifar_resnet20(num_classes, channels, key=parameter_key),
-        "cifar_resnet56": lambda: cifar_resnet56(num_classes, channels, key=parameter_key),
+        "small_cnn": lambda: SmallCNN(in_channels=channels, num_classes=num_classes, **given),  # type: ignore[arg-type]
+        "mlp": lambda: MLP(math.prod(image_shape), num_classes, **{"hidden": (128,), **given}),  # type: ignore[arg-type]
+        "cifar_resnet20": lambda: cifar_resnet20(num_classes, channels, key=parameter_key, **given),  # type: ignore[arg-type]
+        "cifar_resnet56": lambda: cifar_resnet56(num_classes, channels, key=parameter_key, **given),  # type: ignore[arg-type]
     }
     if name in builders:
-        model = builders[name]()
+        try:
+            model = builders[name]()
+        except TypeError as error:
+            raise ValueError(f"model={name!r} does not take the options {given}: {error}") from None
         if name in ("small_cnn", "mlp"):
             # Built from key(0) by their constructors: the parameters are drawn again from the key given.
             values = init_parameters(model, parameter_key)
             with torch.no_grad():
                 for parameter_name, parameter in model.named_parameters():
                     parameter.copy_(values[parameter_name])
-    elif name in TORCHVISION_RESNETS:
+    elif name in TORCHVISION_RESNETS and not given:
         model = torchvision_resnet(name, num_classes, channels, key=parameter_key)
     else:
-        model = torchvision_classifier(name, channels, num_classes, key=parameter_key)
+        model = torchvision_classifier(name, channels, num_classes, key=parameter_key, options=given)
     _check_takes(model, name, image_shape, num_classes)
     return model
 
@@ -115,8 +129,16 @@ def _check_takes(model: nn.Module, name: str, image_shape: tuple[int, int, int],
         raise ValueError(f"model={name!r} returns {found} for 2 images; expected logits of shape (2, {num_classes})")
 
 
-def torchvision_classifier(name: str, in_channels: int, num_classes: int, *, key: Key | None = None) -> nn.Module:
-    """Returns torchvision's classification model ``name``, untrained, for ``in_channels`` and ``num_classes``."""
+def torchvision_classifier(
+    name: str,
+    in_channels: int,
+    num_classes: int,
+    *,
+    key: Key | None = None,
+    options: Mapping[str, object] | None = None,
+) -> nn.Module:
+    """Returns torchvision's classification model ``name``, untrained, for ``in_channels`` and ``num_classes``;
+    ``options`` go to its builder."""
     import torchvision
 
     known = torchvision_classifiers()
@@ -126,13 +148,17 @@ def torchvision_classifier(name: str, in_channels: int, num_classes: int, *, key
             f"torchvision.models ({len(known)} names, e.g. resnet18, convnext_tiny, efficientnet_b0, "
             "mobilenet_v3_small; torchvision.models.list_models(module=torchvision.models) lists them)"
         )
-    options: dict[str, object] = {"weights": None, "num_classes": num_classes}
+    arguments: dict[str, object] = {"weights": None, "num_classes": num_classes}
     if name in _NO_AUXILIARY:
-        options.update(aux_logits=False, init_weights=False)
+        arguments.update(aux_logits=False, init_weights=False)
+    arguments.update(options or {})
     parameter_key = key if key is not None else R.key(0)
 
     def build() -> nn.Module:
-        model: nn.Module = torchvision.models.get_model(name, **options)
+        try:
+            model: nn.Module = torchvision.models.get_model(name, **arguments)
+        except TypeError as error:
+            raise ValueError(f"model={name!r} does not take the options {dict(options or {})}: {error}") from None
         if in_channels != 3:
             _fit_stem(model, name, in_channels)
         return model
@@ -141,6 +167,8 @@ def torchvision_classifier(name: str, in_channels: int, num_classes: int, *, key
         with torch.device("meta"):
             model = build()
         return materialise(model, parameter_key)
+    except ValueError:
+        raise
     except (TypeError, NotImplementedError, RuntimeError):
         # Buffers materialise cannot fill, or a constructor that reads values: build for real, under a generator
         # seeded from the key and restored afterwards.
