@@ -474,6 +474,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
         dist_timeout=args.dist_timeout,
         profiler=profiler,
     )
+    resumed_at = trainer.timestamp.sample  # a resumed run counts only the samples this process trains
     metrics = trainer.fit()
     if not main_process:
         return 0
@@ -493,7 +494,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
         print(f"held-out accuracy {metrics['eval/eval/accuracy']:.2%} | held-out loss {metrics['eval/eval/loss']:.4f}")
     else:
         print("held-out " + " | ".join(f"{name} {value:.4f}" for name, value in metrics.items() if name.startswith("eval/")))
-    samples = trainer.timestamp.batch * data.batch_size
+    samples = trainer.timestamp.sample - resumed_at
     print(
         f"wall time {wall:.1f} s (training {metrics['wall_time']:.1f} s, "
         f"{samples / max(metrics['wall_time'], 1e-9):,.0f} samples/s with evaluation)"
