@@ -65,7 +65,7 @@ def _synthetic_data(
     return (images[:2048], labels[:2048]), (images[2048:], labels[2048:])
 
 
-ZOO = ("small_cnn", "mlp", "cifar_resnet20", "cifar_resnet56", "resnet18", "resnet34", "resnet50")
+ZOO = ("small_cnn", "two_conv_bn", "mlp", "cifar_resnet20", "cifar_resnet56", "resnet18", "resnet34", "resnet50")
 """The models ``--model`` names in its help; any classification model of ``torchvision.models`` is taken too."""
 
 DATA = (

@@ -1,7 +1,7 @@
 """Models: a small model zoo, and the keyed layer and initialisation they are built with."""
 
 from composer_fn.models.bert import MaskedLM, mask_tokens, masked_lm_loss
-from composer_fn.models.cnn import SmallCNN
+from composer_fn.models.cnn import SmallCNN, TwoConvBN
 from composer_fn.models.lm import CausalLM, causal_lm_loss
 from composer_fn.models.mlp import MLP
 from composer_fn.models.resnet import (
@@ -21,6 +21,7 @@ __all__ = [
     "MLP",
     "MaskedLM",
     "SmallCNN",
+    "TwoConvBN",
     "causal_lm_loss",
     "cifar_resnet20",
     "cifar_resnet56",

@@ -4,7 +4,8 @@
 ``build_model(name, image_shape, num_classes, key=...)`` returns an untrained model for images of
 ``image_shape = (C, H, W)``:
 
-- ``small_cnn``, ``mlp`` (one hidden layer of 128 on the flattened image), ``cifar_resnet20``, ``cifar_resnet56``;
+- ``small_cnn``, ``two_conv_bn`` (Fashion-MNIST's "two conv + pooling + BN" network, square images whose side is a
+  multiple of 4), ``mlp`` (one hidden layer of 128 on the flattened image), ``cifar_resnet20``, ``cifar_resnet56``;
 - ``resnet18`` … ``resnet152``: torchvision's ResNets through ``torchvision_resnet``;
 - any other name of ``torchvision.models.list_models(module=torchvision.models)`` (the classification models),
   built with ``torchvision.models.get_model(name, weights=None, num_classes=num_classes)``, its first
@@ -32,7 +33,7 @@ from composer_fn.nn.init import init_parameters, materialise
 
 __all__ = ["ZOO", "build_model", "model_names", "torchvision_classifier"]
 
-ZOO = ("small_cnn", "mlp", "cifar_resnet20", "cifar_resnet56")
+ZOO = ("small_cnn", "two_conv_bn", "mlp", "cifar_resnet20", "cifar_resnet56")
 """The zoo's own models, by name."""
 
 _NO_AUXILIARY = ("googlenet", "inception_v3")
@@ -72,9 +73,9 @@ def build_model(
     channels = image_shape[0]
     parameter_key = key if key is not None else R.key(0)
     given = dict(options or {})
-    if isinstance(given.get("hidden"), int) and not isinstance(given.get("hidden"), bool):
-        given["hidden"] = (given["hidden"],)
-    from composer_fn.models.cnn import SmallCNN
+    if name == "mlp" and isinstance(given.get("hidden"), int) and not isinstance(given.get("hidden"), bool):
+        given["hidden"] = (given["hidden"],)  # one hidden layer
+    from composer_fn.models.cnn import SmallCNN, TwoConvBN
     from composer_fn.models.mlp import MLP
     from composer_fn.models.resnet import (
         TORCHVISION_RESNETS,
@@ -85,6 +86,9 @@ def build_model(
 
     builders: dict[str, Callable[[], nn.Module]] = {
         "small_cnn": lambda: SmallCNN(in_channels=channels, num_classes=num_classes, **given),  # type: ignore[arg-type]
+        "two_conv_bn": lambda: TwoConvBN(
+            in_channels=channels, num_classes=num_classes, **{"image_size": image_shape[1], **given}  # type: ignore[arg-type]
+        ),
         "mlp": lambda: MLP(math.prod(image_shape), num_classes, **{"hidden": (128,), **given}),  # type: ignore[arg-type]
         "cifar_resnet20": lambda: cifar_resnet20(num_classes, channels, key=parameter_key, **given),  # type: ignore[arg-type]
         "cifar_resnet56": lambda: cifar_resnet56(num_classes, channels, key=parameter_key, **given),  # type: ignore[arg-type]
@@ -94,7 +98,7 @@ def build_model(
             model = builders[name]()
         except TypeError as error:
             raise ValueError(f"model={name!r} does not take the options {given}: {error}") from None
-        if name in ("small_cnn", "mlp"):
+        if name in ("small_cnn", "two_conv_bn", "mlp"):
             # Built from key(0) by their constructors: the parameters are drawn again from the key given.
             values = init_parameters(model, parameter_key)
             with torch.no_grad():

@@ -157,7 +157,7 @@ def test_an_export_is_refused_before_writing_for_bad_arguments(tmp_path: Path) -
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("name", ["small_cnn", "mlp", "cifar_resnet20", "resnet18", "mobilenet_v3_small", "regnet_x_400mf"])
+@pytest.mark.parametrize("name", ["small_cnn", "two_conv_bn", "mlp", "cifar_resnet20", "resnet18", "mobilenet_v3_small", "regnet_x_400mf"])
 def test_a_model_by_name_takes_the_datas_channels_and_classes(name: str) -> None:
     state = torch.random.get_rng_state()
     model = build_model(name, (1, 32, 32), 7, key=R.key(3))
