@@ -178,3 +178,12 @@ def test_a_model_that_cannot_take_the_images_is_refused_in_one_line() -> None:
         build_model("convnext_tiny", (1, 8, 8), 10)
     with pytest.raises(ValueError, match=r"model='resnet_9000' is not a model we build; accepted: small_cnn"):
         build_model("resnet_9000", (1, 8, 8), 10)
+
+
+def test_load_model_of_a_channels_last_run_gives_its_layout_and_outputs(tmp_path: Path) -> None:
+    untrained = SmallCNN(1, 10, width=8)
+    trainer = _trainer((ChannelsLast(), EMA(half_life="3ba")), model=untrained, save_folder=tmp_path)
+    trainer.fit()
+    rebuilt = load_model(tmp_path / "latest.pt", untrained)
+    assert rebuilt.features[1][0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(_outputs(rebuilt), _outputs(trainer.model))
