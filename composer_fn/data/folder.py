@@ -27,11 +27,11 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from composer_fn.core.random import fold_in, key, permutation
+from composer_fn.core.random import key
 from composer_fn.core.validate import flag, integer
 from composer_fn.data.digits import HELDOUT_EVERY
 from composer_fn.data.images import DatasetNotFoundError, histogram_statistics, pixel_tables, pixels_to_float
-from composer_fn.data.loader import _rank_and_world_size
+from composer_fn.data.loader import _rank_and_world_size, epoch_order, rank_slice
 
 __all__ = [
     "FolderTask",
@@ -124,18 +124,13 @@ class GlobalBatchSampler(DistributedSampler):
 
     def order(self, epoch: int) -> Tensor:
         """Returns the ``int64`` sample indices of ``epoch`` in the order they are visited."""
-        epoch = integer("epoch", epoch, minimum=0)
-        if self.shuffle:
-            return permutation(fold_in(self._root, epoch), self.dataset_size)
-        return torch.arange(self.dataset_size, dtype=torch.int64)
+        return epoch_order(self._root, epoch, self.dataset_size, self.shuffle)
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[list[int]]:
         """Returns an iterator over this rank's index lists of ``epoch``'s batches from batch ``start`` on."""
         order = self.order(epoch)
-        global_batch = self.batch_size * self.num_replicas
         for batch in range(start, self.num_batches):
-            begin = min(batch * global_batch + self.rank * self.batch_size, self.dataset_size)
-            yield order[begin : min(begin + self.batch_size, self.dataset_size)].tolist()
+            yield order[rank_slice(batch, self.batch_size, self.rank, self.num_replicas, self.dataset_size)].tolist()
 
     def __iter__(self) -> Iterator[int]:
         return (index for batch in self.batches(self.epoch) for index in batch)

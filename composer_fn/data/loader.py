@@ -12,7 +12,23 @@ from torch import Tensor
 from composer_fn.core.random import fold_in, key, permutation
 from composer_fn.core.validate import flag, integer
 
-__all__ = ["TensorLoader"]
+__all__ = ["TensorLoader", "epoch_order", "rank_slice"]
+
+
+def epoch_order(root: Tensor, epoch: int, size: int, shuffle: bool) -> Tensor:
+    """Returns the ``int64`` sample indices of ``epoch``: ``permutation(fold_in(root, epoch), size)`` when
+    ``shuffle``, else ``arange(size)``. Every loader of the package visits its epochs in this order."""
+    epoch = integer("epoch", epoch, minimum=0)
+    if shuffle:
+        return permutation(fold_in(root, epoch), size)
+    return torch.arange(size, dtype=torch.int64)
+
+
+def rank_slice(batch: int, batch_size: int, rank: int, world_size: int, size: int) -> slice:
+    """Returns rank ``rank``'s part of the ``batch``-th global batch of an epoch's order: the ``rank``-th
+    contiguous run of ``batch_size`` of it, cut at ``size`` (short or empty at the end of the epoch)."""
+    begin = min(batch * batch_size * world_size + rank * batch_size, size)
+    return slice(begin, min(begin + batch_size, size))
 
 
 class TensorLoader:
@@ -96,10 +112,7 @@ class TensorLoader:
 
     def order(self, epoch: int) -> Tensor:
         """Returns the ``int64`` sample indices of ``epoch`` in the order they are visited."""
-        epoch = integer("epoch", epoch, minimum=0)
-        if self.shuffle:
-            return permutation(fold_in(self._root, epoch), self._size)
-        return torch.arange(self._size, dtype=torch.int64)
+        return epoch_order(self._root, epoch, self._size, self.shuffle)
 
     def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
         """Returns an iterator over the batches of the selected epoch."""
@@ -120,9 +133,8 @@ class TensorLoader:
         # One copy of the order per device, so that each batch costs exactly one gather per tensor.
         order_on = {device: order.to(device) for device in {t.device for t in self.tensors}}
         for batch in range(start, stop):
-            begin = min(batch * self.global_batch_size + self.rank * self.batch_size, self._size)
-            end = min(begin + self.batch_size, self._size)
-            yield tuple(t.index_select(0, order_on[t.device][begin:end]) for t in self.tensors)
+            part = rank_slice(batch, self.batch_size, self.rank, self.world_size, self._size)
+            yield tuple(t.index_select(0, order_on[t.device][part]) for t in self.tensors)
 
     def __repr__(self) -> str:
         return (
