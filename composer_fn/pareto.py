@@ -20,7 +20,10 @@ interrupted run counts the work it redid.
 The summary gives, per recipe and length, the mean and standard deviation (over seeds, ``ddof=1``) of the held-out
 accuracy and the mean wall time; the baseline's target is its mean accuracy at its longest length, and each
 recipe's speed-up is the baseline's mean wall time there over the recipe's shortest mean wall time at or above the
-target. Runs sharing the machine slow each other: time comparisons want ``jobs × threads`` at most the cores.
+target. Each point also gets the baseline's time to its accuracy, read off the baseline's frontier by linear
+interpolation (``baseline_time_to``), and that time over the point's: a speed-up at equal accuracy, defined where
+the baseline's lengths span the accuracy. Runs sharing the machine slow each other: time comparisons want
+``jobs × threads`` at most the cores.
 """
 
 from __future__ import annotations
@@ -110,6 +113,8 @@ class Point:
     accuracy: float
     accuracy_std: float
     wall_time: float
+    accuracy_min: float
+    accuracy_max: float
 
 
 def _label(length: str, by_ratio: bool) -> str:
@@ -301,6 +306,8 @@ def summarise(sweep: Sweep, results: Sequence[Result]) -> dict[str, list[Point]]
                     statistics.fmean(accuracies),
                     statistics.stdev(accuracies) if len(group) > 1 else 0.0,
                     statistics.fmean(r.wall_time for r in group),
+                    min(accuracies),
+                    max(accuracies),
                 )
             )
     return points
@@ -322,19 +329,38 @@ def speedups(sweep: Sweep, points: dict[str, list[Point]]) -> dict[str, float | 
     return found
 
 
+def baseline_time_to(sweep: Sweep, points: dict[str, list[Point]], accuracy: float) -> float | None:
+    """Returns the wall time the baseline needs for ``accuracy``, read off its frontier (its points by wall time,
+    each accuracy the best so far) by linear interpolation between neighbouring points; None outside the
+    frontier's range (below its shortest point or above its best, the baseline was not measured there)."""
+    frontier: list[tuple[float, float]] = []
+    for p in sorted(points[sweep.baseline], key=lambda p: p.wall_time):
+        if not frontier or p.accuracy > frontier[-1][1]:
+            frontier.append((p.wall_time, p.accuracy))
+    if not frontier or not frontier[0][1] <= accuracy <= frontier[-1][1]:
+        return None
+    for (t0, a0), (t1, a1) in zip(frontier, frontier[1:], strict=False):
+        if a0 <= accuracy <= a1:
+            return t0 + (t1 - t0) * (accuracy - a0) / (a1 - a0)
+    return frontier[0][0]
+
+
 def table(sweep: Sweep, points: dict[str, list[Point]]) -> str:
     """Returns the summary as a Markdown table, with each recipe's speed-up to the baseline's accuracy."""
     goal = target(sweep, points)
     ratios = speedups(sweep, points)
     lines = [
-        "| recipe | length | seeds | held-out accuracy (mean ± std) | wall time (s, mean) |",
-        "|---|---|---|---|---|",
+        "| recipe | length | seeds | held-out accuracy (mean ± std) | min – max | wall time (s, mean) "
+        "| baseline's time to this accuracy |",
+        "|---|---|---|---|---|---|---|",
     ]
     for recipe, line in points.items():
         for p in line:
+            matched = baseline_time_to(sweep, points, p.accuracy)
+            speed = f"{matched:.3g} s ({matched / p.wall_time:.2f}×)" if matched is not None else "outside its range"
             lines.append(
                 f"| {recipe} | {_label(p.length, sweep.by_ratio)} | {p.seeds} | {p.accuracy:.2%} ± {p.accuracy_std:.2%} "
-                f"| {p.wall_time:.3g} |"
+                f"| {p.accuracy_min:.2%} – {p.accuracy_max:.2%} | {p.wall_time:.3g} | {speed} |"
             )
     lines.append("")
     lines.append(f"Target: {sweep.baseline}'s {goal.accuracy:.2%} at {_label(goal.length, sweep.by_ratio)}, {goal.wall_time:.3g} s.")

@@ -16,6 +16,11 @@ given on the command line overrides the field. Four tables say what flags cannot
   ``eval_interval``. Without the table, the held-out set is the evaluator ``eval``: ``eval/eval/accuracy`` and
   ``eval/eval/loss``.
 
+A recipe may build on another: ``base = "baseline.toml"`` (a path relative to the recipe's own file) reads that
+recipe first, then this one over it: a field given here replaces the base's, and tables merge key by key
+(``[algorithms.ema]`` adds EMA after the base's algorithms, ``[optimizer] learning_rate = 0.2`` changes only the
+learning rate). Bases may have bases; a loop is an error.
+
 An unknown field or a bad value is an error that names the file, the field and what is accepted.
 """
 
@@ -33,7 +38,7 @@ if TYPE_CHECKING:
     from composer_fn.loggers import Logger
     from composer_fn.optim import GradientTransformation
 
-__all__ = ["Recipe", "load_recipe", "OPTIMIZERS", "SCHEDULES", "CALLBACKS"]
+__all__ = ["Recipe", "load_recipe", "recipe_fields", "OPTIMIZERS", "SCHEDULES", "CALLBACKS"]
 
 OPTIMIZERS = ("sgd", "sgdw", "adam", "adamw", "decoupled_adamw")
 SCHEDULES = {
@@ -177,18 +182,8 @@ def load_recipe(path: str | os.PathLike[str], flags: Mapping[str, Callable[[str]
     """
     import argparse
 
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        raise RecipeError("recipe files need Python 3.11 or newer (the standard library's tomllib)") from None
     file = Path(path)
-    try:
-        with file.open("rb") as stream:
-            data = tomllib.load(stream)
-    except OSError as error:
-        raise RecipeError(f"--config={str(path)!r}: cannot be read ({error.strerror or error}); expected a TOML file") from None
-    except tomllib.TOMLDecodeError as error:
-        raise RecipeError(f"{file}: not TOML ({error})") from None
+    data = recipe_fields(file)
     recipe = Recipe(file, {})
     values: dict[str, Any] = {}
     for name, value in data.items():
@@ -227,6 +222,50 @@ def load_recipe(path: str | os.PathLike[str], flags: Mapping[str, Callable[[str]
         tuple(callbacks),
         tuple(tables["evaluators"].items()),
     )
+
+
+def recipe_fields(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Returns the fields of the recipe file at ``path`` as TOML gives them, its ``base`` chain merged in, before
+    any check of their names or values (``load_recipe`` checks them)."""
+    return _read(Path(path), f"--config={str(path)!r}", ())
+
+
+def _read(file: Path, named: str, chain: tuple[Path, ...]) -> dict[str, Any]:
+    """Returns the TOML table in ``file`` with its ``base`` chain merged under it; ``named`` says how errors
+    name the file (the flag for the recipe given, ``<recipe>: field base`` for a base)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        raise RecipeError("recipe files need Python 3.11 or newer (the standard library's tomllib)") from None
+
+    try:
+        with file.open("rb") as stream:
+            data = tomllib.load(stream)
+    except OSError as error:
+        raise RecipeError(f"{named}: cannot be read ({error.strerror or error}); expected a TOML file") from None
+    except tomllib.TOMLDecodeError as error:
+        raise RecipeError(f"{file}: not TOML ({error})") from None
+    if "base" not in data:
+        return data
+    base = data.pop("base")
+    if not isinstance(base, str) or not base:
+        raise RecipeError(f"{file}: field base: {base!r}: expected the path of another recipe file, relative to this one")
+    parent = (file.parent / base).resolve()
+    chain = (*chain, file.resolve())
+    if parent in chain:
+        loop = " -> ".join(str(p) for p in (*chain, parent))
+        raise RecipeError(f"{file}: field base: {base!r} leads back to a recipe already read ({loop}); expected no loop")
+    return _merge(_read(parent, f"{file}: field base: {base!r} ({parent})", chain), data)
+
+
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Returns ``base`` with ``over`` on top: tables merge key by key (new keys after the base's), anything else
+    in ``over`` replaces the base's value."""
+    merged = dict(base)
+    for name, value in over.items():
+        below = merged.get(name)
+        merged[name] = _merge(below, value) if isinstance(value, dict) and isinstance(below, dict) else value
+    return merged
 
 
 def _flag_switch(recipe: Recipe, name: str, value: Any, convert: Callable[[str], Any]) -> bool:

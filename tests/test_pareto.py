@@ -123,3 +123,36 @@ def test_lengths_by_scale_schedule_ratio_are_each_recipes_own_length_scaled(tmp_
     result = pareto.run_one(run, {"threads": 1})
     assert result.steps == 2 and run.folder.name == "seed3" and run.folder.parent.name == "ssr0.5"
     assert torch.tensor(result.accuracy).isfinite()
+
+
+def test_the_baselines_time_to_an_accuracy_is_read_off_its_frontier() -> None:
+    from types import SimpleNamespace
+
+    def point(recipe: str, wall: float, accuracy: float) -> pareto.Point:
+        return pareto.Point(recipe, "x", 3, accuracy, 0.0, wall, accuracy, accuracy)
+
+    # The 30 s point is worse than the 20 s one: off the frontier, so it is never interpolated through.
+    points = {"base": [point("base", 10, 0.80), point("base", 20, 0.85), point("base", 30, 0.84), point("base", 40, 0.90)]}
+    sweep = SimpleNamespace(baseline="base")
+    time_to = lambda accuracy: pareto.baseline_time_to(sweep, points, accuracy)  # type: ignore[arg-type]  # noqa: E731
+    assert time_to(0.80) == 10 and time_to(0.85) == 20 and time_to(0.90) == 40
+    assert time_to(0.825) == pytest.approx(15) and time_to(0.875) == pytest.approx(30)
+    assert time_to(0.79) is None and time_to(0.91) is None
+
+
+def test_the_table_gives_each_points_spread_and_speed_up_at_equal_accuracy(swept) -> None:
+    sweep = pareto.load_sweep(swept[0])
+    results = [pareto.read_result(run) for run in sweep.runs()]
+    points = pareto.summarise(sweep, results)  # type: ignore[arg-type]
+    text = pareto.table(sweep, points)
+    for line in points.values():
+        for p in line:
+            accuracies = [r.accuracy for r in results if r.recipe == p.recipe and r.length == p.length]  # type: ignore[union-attr]
+            assert (p.accuracy_min, p.accuracy_max) == (min(accuracies), max(accuracies))
+            assert f"| {p.accuracy_min:.2%} – {p.accuracy_max:.2%} |" in text
+    # The baseline's points on its frontier (each more accurate than every shorter one) are their own match.
+    best = -1.0
+    for p in sorted(points["plain"], key=lambda p: p.wall_time):
+        if p.accuracy > best:
+            assert f"| {p.wall_time:.3g} | {p.wall_time:.3g} s (1.00×) |" in text
+            best = p.accuracy

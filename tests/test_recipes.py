@@ -122,3 +122,39 @@ def test_evaluators_of_a_recipe_are_logged_under_their_labels(tmp_path: Path, ca
     assert main(["train", "--config", str(recipe), "--max-duration", "2ba", "--no-progress", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "eval/heldout/accuracy" in out and "eval/heldout/f1" in out and "eval/quick/loss" in out
+
+
+def test_a_recipe_on_a_base_replaces_fields_merges_tables_and_appends_algorithms(tmp_path: Path) -> None:
+    from composer_fn.recipes import load_recipe
+
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "base.toml").write_text(
+        'task = "digits-mlp"\nmax_duration = "12ep"\nbatch_size = 32\ncallbacks = ["speed"]\n'
+        "[algorithms.mixup]\nalpha = 0.3\n[algorithms.label_smoothing]\nsmoothing = 0.05\n"
+        '[optimizer]\nname = "sgd"\nlearning_rate = 0.1\nmomentum = 0.9\n'
+    )
+    (tmp_path / "middle.toml").write_text('base = "shared/base.toml"\nbatch_size = 64\n[algorithms.mixup]\nalpha = 0.5\n')
+    recipe = _write(tmp_path, 'base = "middle.toml"\ncallbacks = ["lr"]\n[algorithms.ema]\nhalf_life = "10ba"\n[optimizer]\nlearning_rate = 0.2\n')
+    loaded = load_recipe(recipe, _converters(_parser()[1]["train"]))
+    assert loaded.flags["batch_size"] == 64 and str(loaded.flags["max_duration"]) == "12ep"
+    assert loaded.algorithms == (("mixup", {"alpha": 0.5}), ("label_smoothing", {"smoothing": 0.05}), ("ema", {"half_life": "10ba"}))
+    assert loaded.optimizer == {"name": "sgd", "learning_rate": 0.2, "momentum": 0.9}
+    assert loaded.callbacks == ("lr",)
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"recipe.toml": 'base = "recipe.toml"\n'}, "field base: 'recipe.toml' leads back to a recipe already read"),
+        ({"recipe.toml": 'base = "a.toml"\n', "a.toml": 'base = "recipe.toml"\n'}, "field base: 'recipe.toml' leads back"),
+        ({"recipe.toml": 'base = "nothing.toml"\n'}, "field base: 'nothing.toml' ("),
+        ({"recipe.toml": "base = 3\n"}, "field base: 3: expected the path of another recipe file"),
+        ({"recipe.toml": 'base = "a.toml"\n', "a.toml": "speed = 3\n"}, "field speed: unknown field"),
+    ],
+)
+def test_a_bad_base_is_refused_in_one_line_naming_it(tmp_path: Path, capsys, files: dict[str, str], message: str) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert main(["train", "--config", str(tmp_path / "recipe.toml"), "--max-duration", "1ba", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err, err

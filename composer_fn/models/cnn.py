@@ -66,8 +66,10 @@ class TwoConvBN(nn.Module):
     (``width`` and ``2 * width`` channels), then a hidden linear layer of ``hidden`` units with ReLU and dropout,
     and a linear head.
 
-    For 28×28 images the second pooling leaves 7×7 maps, so the hidden layer takes ``2 * width * 49`` inputs; other
-    sizes work when divisible by 4. The parameters start as ``init_parameters(model, key(0))``; ``dropout`` is a
+    For ``image_size`` 28 the second pooling leaves 7×7 maps, so the hidden layer takes ``2 * width * 49`` inputs.
+    As in torchvision's VGG, an adaptive average pooling to ``image_size // 4`` sits before the hidden layer: an
+    identity at the size the network was built for, and what lets it take other sizes (progressive resizing trains
+    on smaller images). The parameters start as ``init_parameters(model, key(0))``; ``dropout`` is a
     ``KeyedDropout``.
     """
 
@@ -104,6 +106,8 @@ class TwoConvBN(nn.Module):
                 nn.ReLU(),
                 nn.MaxPool2d(2),
             )
+            self.side = side
+            self.pool = nn.AdaptiveAvgPool2d(side)
             self.hidden = nn.Linear(2 * width * side * side, hidden)
             self.dropout = KeyedDropout(dropout) if dropout > 0 else nn.Identity()
             self.head = nn.Linear(hidden, num_classes)
@@ -111,4 +115,7 @@ class TwoConvBN(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         """Returns class logits ``[N, num_classes]`` for images ``[N, in_channels, H, W]``."""
-        return self.head(self.dropout(torch.relu(self.hidden(self.features(images).flatten(1)))))
+        maps = self.features(images)
+        if maps.shape[-2:] != (self.side, self.side):  # an identity at the size the network was built for
+            maps = self.pool(maps)
+        return self.head(self.dropout(torch.relu(self.hidden(maps.flatten(1)))))

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from composer_fn.core.random import key, normal
-from composer_fn.models import MLP, SmallCNN, init_parameters
+from composer_fn.models import MLP, SmallCNN, TwoConvBN, init_parameters
 
 
 @pytest.mark.parametrize("hidden", [(), (64,), (32, 16)])
@@ -21,6 +21,17 @@ def test_mlp_flattens_and_returns_one_logit_per_class(hidden: tuple[int, ...]) -
 def test_small_cnn_returns_one_logit_per_class(in_channels: int, size: int, width: int) -> None:
     model = SmallCNN(in_channels, num_classes=7, width=width)
     assert model(normal(key(1), (4, in_channels, size, size))).shape == (4, 7)
+
+
+@pytest.mark.parametrize("size", [28, 24, 20, 12, 8])
+def test_two_conv_bn_takes_other_sizes_and_pools_only_where_the_maps_differ(size: int) -> None:
+    model = TwoConvBN(width=4, hidden=16, dropout=0.0).eval()
+    images = normal(key(2), (3, 1, size, size))
+    maps = model.features(images)
+    pooled = maps if size == 28 else nn.functional.adaptive_avg_pool2d(maps, 7)
+    expected = model.head(torch.relu(model.hidden(pooled.flatten(1))))
+    assert torch.equal(model(images), expected)
+    assert model(images).shape == (3, 10)
 
 
 def test_small_cnn_stays_small() -> None:
