@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-fashion test lint bench clean
+.PHONY: demo demo-fashion test lint bench docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ test: $(STAMP)
 	$(BIN)/ruff check composer_fn tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
+
+# The API reference and the guides as a site in build/site/: warnings (a public name without a docstring, a
+# broken link or cross-reference) fail the build.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_overhead.py

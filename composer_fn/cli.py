@@ -8,6 +8,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
     from composer_fn.core.algorithm import Algorithm
 
-__all__ = ["main", "TASKS"]
+__all__ = ["main", "TASKS", "ALGORITHMS"]
 
 _T = TypeVar("_T")
 
@@ -83,6 +84,16 @@ DATA = (
     "imagefolder",
 )
 """The datasets ``--data`` reads from disk (``composer_fn.data.DATASETS``)."""
+
+ALGORITHMS = (
+    "alibi", "augmix", "blurpool", "channels_last", "colout", "cutmix", "cutout", "early_stopper", "ema", "factorize",
+    "gated_linear_units", "ghost_batchnorm", "gradient_clipping", "gyro_dropout", "label_smoothing", "layer_freezing",
+    "low_precision_groupnorm", "low_precision_layernorm", "mixup", "progressive_resizing", "randaugment",
+    "random_crop_flip", "sam", "selective_backprop", "seq_length_warmup", "squeeze_excite", "stochastic_depth", "swa",
+    "threshold_stopper", "weight_standardization",
+)  # fmt: skip
+"""The registered algorithms' names, sorted, as ``--help`` lists them (kept equal to the registry's, written out so
+that help answers without loading torch)."""
 
 _DATA_BATCH_SIZE, _DATA_LEARNING_RATE, _DATA_MODEL = 128, 0.1, "cifar_resnet20"
 
@@ -171,8 +182,30 @@ def _model(name: str, data: Prepared, seed: int, options: dict[str, object]) -> 
     return build_model(name, data.image_shape, data.num_classes, key=R.key(seed), options=options)
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help that states each option's default (unless its text already says what happens without it) and lists
+    the algorithm names ``--algorithms`` accepts."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.dest == "algorithms":
+            text += f"; accepted: {', '.join(ALGORITHMS)}"
+        default = action.default
+        if not action.option_strings or "default" in text or "if omitted" in text:
+            return text
+        if isinstance(action, argparse._StoreTrueAction):
+            return text + " (off by default)"
+        if default is not None and default is not argparse.SUPPRESS and default != [] and default != {}:
+            text += " (default: %(default)s)"
+        return text
+
+
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line: the command, the flag, the value and what is accepted."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -260,8 +293,8 @@ _FOLDER = _checked("a folder (created if missing), not a file", Path, lambda pat
 _FILE = _checked("a file (created if missing), not a folder", Path, lambda path: not path.is_dir())
 
 
-def _data_flags(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--data", default=None, choices=DATA, help=f"a dataset on disk: {', '.join(DATA)}")
+def _data_flags(command: argparse.ArgumentParser, omitted: str = "the embedded --task") -> None:
+    command.add_argument("--data", default=None, choices=DATA, help=f"a dataset on disk: {', '.join(DATA)} ({omitted} if omitted)")
     command.add_argument(
         "--data-dir",
         type=_DIRECTORY,
@@ -270,7 +303,7 @@ def _data_flags(command: argparse.ArgumentParser) -> None:
         "folder, or an image folder (one subfolder a class); Fashion-MNIST defaults to the Debian package's",
     )
     command.add_argument(
-        "--image-size", type=_POSITIVE_INT, default=None, help="imagefolder: the side images are resized to"
+        "--image-size", type=_POSITIVE_INT, default=None, help="imagefolder: the side images are resized to (their own size if omitted)"
     )
 
 
@@ -286,8 +319,15 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         sub = commands.add_parser(command, help=text)
         sub.add_argument("--task", default=None, choices=tuple(TASKS), help=f"an embedded task: {', '.join(TASKS)} (default digits)")
         _data_flags(sub)
-        sub.add_argument("--config", type=Path, default=None, help="a recipe file (TOML); flags override its fields")
-        sub.add_argument("--algorithms", default=None, help="comma-separated names, e.g. mixup,label_smoothing")
+        sub.add_argument(
+            "--config", type=Path, default=None, help="a recipe file (TOML); flags override its fields (none if omitted)"
+        )
+        sub.add_argument(
+            "--algorithms",
+            default=None,
+            help="comma-separated names, each with its default hyperparameters, e.g. mixup,label_smoothing "
+            "(the recipe's, or none, if omitted)",
+        )
         sub.add_argument(
             "--model",
             type=_MODEL,
@@ -298,16 +338,32 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             "--model-kwargs",
             type=_MODEL_KWARGS,
             default={},
-            help="the model constructor's own arguments, e.g. width=16,dropout=0.1 (SmallCNN) or dropout=0.3 (torchvision)",
+            help="the model constructor's own arguments, e.g. width=16,dropout=0.1 (SmallCNN) or dropout=0.3 "
+            "(torchvision); none by default",
         )
-        sub.add_argument("--max-duration", type=_MAX_DURATION, default="10ep", help="e.g. 10ep or 500ba")
-        sub.add_argument("--batch-size", type=_POSITIVE_INT, default=None, help="task default if omitted")
-        sub.add_argument("--seed", type=_SEED, default=0)
+        sub.add_argument(
+            "--max-duration", type=_MAX_DURATION, default="10ep", help="the run's length in epochs or batches, e.g. 500ba"
+        )
+        sub.add_argument(
+            "--batch-size", type=_POSITIVE_INT, default=None, help="samples a step, all processes together (task default if omitted)"
+        )
+        sub.add_argument(
+            "--seed",
+            type=_SEED,
+            default=0,
+            help="the run's seed: the model's initial weights, the data's order and every algorithm's random draws",
+        )
     for command in ("train", "profile"):
         train = commands.choices[command]
         train.add_argument("--lr", type=_LEARNING_RATE, default=None, help="base learning rate (task default if omitted)")
         train.add_argument("--optimizer", default=None, choices=OPTIMIZERS, help="task default (SGD) if omitted")
-        train.add_argument("--precision", default="fp32", choices=("fp32", "bf16-mixed", "fp16-mixed"))
+        train.add_argument(
+            "--precision",
+            default="fp32",
+            choices=("fp32", "bf16-mixed", "fp16-mixed"),
+            help="fp32, or autocast to bfloat16 or float16 inside the step (for GPUs: on a CPU without 16-bit "
+            "instructions it is several times slower)",
+        )
         train.add_argument("--compile", action="store_true", help="compile the step with torch.compile")
         train.add_argument(
             "--scale-schedule-ratio",
@@ -315,19 +371,31 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             default=1.0,
             help="train this fraction of --max-duration, the schedule stretched to fit (Composer's scale schedule)",
         )
-        train.add_argument("--save-folder", type=_FOLDER, default=None)
-        train.add_argument("--save-interval", type=_SAVE_INTERVAL, default="1ep", help="how often to checkpoint (default 1ep)")
-        train.add_argument("--eval-interval", type=_EVAL_INTERVAL, default="1ep", help="how often to evaluate (default 1ep)")
         train.add_argument(
-            "--num-workers", type=_COUNT, default=0, help="processes decoding images for imagefolder data (default 0)"
+            "--save-folder", type=_FOLDER, default=None, help="where checkpoints go (created if missing; none saved if omitted)"
         )
-        train.add_argument("--load-path", type=_CHECKPOINT, default=None)
+        train.add_argument(
+            "--save-interval", type=_SAVE_INTERVAL, default=None, help="how often to checkpoint, with --save-folder (default: 1ep)"
+        )
+        train.add_argument("--eval-interval", type=_EVAL_INTERVAL, default="1ep", help="how often to evaluate")
+        train.add_argument("--num-workers", type=_COUNT, default=0, help="processes decoding images for imagefolder data")
+        train.add_argument(
+            "--load-path", type=_CHECKPOINT, default=None, help="a checkpoint to resume from (a fresh run if omitted)"
+        )
         train.add_argument(
             "--autoresume",
             action="store_true",
             help="resume from the newest checkpoint in --save-folder when there is one (rerun an interrupted job as is)",
         )
-        train.add_argument("--log-file", type=_FILE, default=None, help="a JSON-lines file receiving every logged record")
+        train.add_argument(
+            "--log-file", type=_FILE, default=None, help="a JSON-lines file receiving every logged record (none if omitted)"
+        )
+        train.add_argument(
+            "--overwrite-log",
+            action="store_true",
+            help="let a fresh run replace what --log-file holds (by default it refuses a file with an earlier run's "
+            "records; a resumed run appends)",
+        )
         train.add_argument(
             "--log-interval",
             type=_LOG_INTERVAL,
@@ -335,20 +403,24 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             help="how often loggers and monitors get a training record (default 50ba)",
         )
         train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-        train.add_argument("--threads", type=_POSITIVE_INT, default=None, help="torch intra-op threads")
+        train.add_argument(
+            "--threads", type=_POSITIVE_INT, default=None, help="torch intra-op threads (torch's default if omitted)"
+        )
         train.add_argument(
             "--microbatch-size",
             type=_MICROBATCH,
             default=None,
-            help="samples per device microbatch (gradient accumulation), or auto (halve on out-of-memory)",
+            help="samples per device microbatch (gradient accumulation), or auto (halve on out-of-memory); the whole "
+            "batch at once if omitted",
         )
         train.add_argument(
             "--nproc",
             type=_POSITIVE_INT,
             default=None,
-            help="run on this many processes with torchrun (one per GPU); --batch-size is then the global batch",
+            help="run on this many processes with torchrun (one per GPU); --batch-size is then the global batch "
+            "(one process if omitted)",
         )
-        train.add_argument("--dist-timeout", type=_TIMEOUT, default=300.0, help="seconds a collective waits (default 300)")
+        train.add_argument("--dist-timeout", type=_TIMEOUT, default=300.0, help="seconds a collective waits")
     profile = commands.choices["profile"]
     profile.add_argument("--steps", type=_POSITIVE_INT, default=5, help="steps recorded, after one skipped and one warm-up")
     profile.add_argument("--trace-folder", type=_FOLDER, default=Path("runs/profile"), help="where the traces go")
@@ -356,25 +428,31 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "export", help="write a checkpoint's trained model as TorchScript, torch.export (pt2) or ONNX, checked on a batch"
     )
     export.add_argument("checkpoint", type=_CHECKPOINT, help="a checkpoint written by composer-fn train")
-    export.add_argument("--format", default="torchscript", choices=("torchscript", "pt2", "onnx"))
+    export.add_argument(
+        "--format", default="torchscript", choices=("torchscript", "pt2", "onnx"), help="the exported program's format"
+    )
     export.add_argument("--output", type=_FILE, default=None, help="the file to write (default: by the checkpoint)")
-    export.add_argument("--data-dir", type=_DIRECTORY, default=None, help="where the run's data is (for the check batch)")
+    export.add_argument("--data-dir", type=_DIRECTORY, default=None, help="where the run's data is (for the check batch; its usual place if omitted)")
     predict = commands.add_parser("predict", help="write a checkpoint's predictions for a dataset as CSV")
     predict.add_argument("checkpoint", type=_CHECKPOINT, help="a checkpoint written by composer-fn train")
-    _data_flags(predict)
+    _data_flags(predict, "the checkpoint's data")
     predict.add_argument("--task", default=None, choices=tuple(TASKS), help="an embedded task (default: the run's)")
-    predict.add_argument("--split", default="heldout", choices=("heldout", "train"), help="which part (default heldout)")
+    predict.add_argument("--split", default="heldout", choices=("heldout", "train"), help="which part of the data")
     predict.add_argument("--output", type=_FILE, default=None, help="the CSV to write (default: by the checkpoint)")
-    predict.add_argument("--batch-size", type=_POSITIVE_INT, default=256)
+    predict.add_argument("--batch-size", type=_POSITIVE_INT, default=256, help="images a forward pass")
     pareto = commands.add_parser(
         "pareto", help="run a sweep of recipes x lengths x seeds; write accuracy against wall time (table and PNG)"
     )
     pareto.add_argument("--config", type=Path, required=True, help="the sweep file (TOML; see composer_fn.pareto)")
-    pareto.add_argument("--jobs", type=_POSITIVE_INT, default=1, help="runs at once (default 1: timings unshared)")
+    pareto.add_argument(
+        "--jobs", type=_POSITIVE_INT, default=1, help="runs at once (default %(default)s: the timings share no CPU)"
+    )
     report = commands.add_parser("report", help="draw a run's log (loss, held-out metric, learning rate, throughput) as a PNG")
     report.add_argument("run", type=Path, help="a run folder holding one JSON-lines log (--log-file), or the log")
-    report.add_argument("--compare", type=Path, nargs="+", default=[], metavar="RUN", help="more runs, overlaid")
-    report.add_argument("--labels", default="", help="comma-separated names of the runs, in order")
+    report.add_argument("--compare", type=Path, nargs="+", default=[], metavar="RUN", help="more runs, overlaid (none by default)")
+    report.add_argument(
+        "--labels", default="", help="comma-separated names of the runs, in order (by default each run's folder name)"
+    )
     report.add_argument("--output", type=Path, default=None, help="the PNG to write (default: report.png by the run)")
     return parser, dict(commands.choices)
 
@@ -443,7 +521,11 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
     if recipe.evaluators:
         eval_loader = recipe.build_evaluators(eval_loader, num_classes=data.num_classes)
     main_process = world.main
-    loggers: list[Logger] = [JSONLLogger(args.log_file)] if args.log_file is not None else []
+    try:
+        log_file = JSONLLogger(args.log_file, overwrite=args.overwrite_log) if args.log_file is not None else None
+    except ValueError as error:
+        raise ValueError(f"--log-file: {error}") from None
+    loggers: list[Logger] = [log_file] if log_file is not None else []
     loggers = [*loggers, *recipe.build_loggers()] if main_process else []
     callbacks = recipe.build_callbacks()
     if loggers and not recipe.callbacks:
@@ -485,7 +567,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
         print("traces: " + ", ".join(str(path) for path in trainer.profile_traces))
         return 0
     wall = time.perf_counter() - started
-    names = ", ".join(a.name for a in algorithms) or "none"
+    names = ", ".join(a.name + (" (no effect)" if a.name in trainer.no_effect else "") for a in algorithms) or "none"
     print(
         f"{'data' if args.data else 'task'} {data.name} | model {model_name} | algorithms {names} | "
         f"{trainer.timestamp.batch} steps, {trainer.timestamp.epoch} epochs"
@@ -686,7 +768,7 @@ def _pareto(args: argparse.Namespace) -> int:
 
         results = pareto.run_sweep(sweep, jobs=args.jobs, on_result=finished)
         markdown, picture = pareto.write_pareto(sweep, results)
-    except (ValueError, RuntimeError, OSError) as error:
+    except (ValueError, TypeError, RuntimeError, OSError) as error:
         print(f"composer-fn: {error}", file=sys.stderr)
         return 2
     print(markdown.read_text(encoding="utf-8"))
@@ -699,10 +781,14 @@ def _report(args: argparse.Namespace) -> int:
 
     labels = [label.strip() for label in args.labels.split(",")] if args.labels else []
     try:
-        path = write_report([args.run, *args.compare], args.output, labels=labels)
-    except (ValueError, OSError) as error:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            path = write_report([args.run, *args.compare], args.output, labels=labels)
+    except (ValueError, TypeError, OSError) as error:
         print(f"composer-fn: {error}", file=sys.stderr)
         return 2
+    for warning in caught:
+        print(f"composer-fn: warning: {warning.message}", file=sys.stderr)
     print(f"wrote {path}")
     return 0
 
@@ -747,7 +833,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The recipe's fields become the command's defaults: a flag given on the command line still wins.
         try:
             recipe = load_recipe(args.config, _converters(commands["train"]))
-        except RecipeError as error:
+        except (ValueError, TypeError, OSError) as error:
             print(f"composer-fn: {error}", file=sys.stderr)
             return 2
         known = {action.dest for action in commands[args.command]._actions}

@@ -39,6 +39,8 @@ class DryRun:
     compiled_steps: int
     total_steps: int
     diagnostics: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+    """Why the table has no row for an algorithm (or none at all): what the algorithm does instead."""
 
     def format(self) -> str:
         """Returns the schedule as an aligned text table, nearby spans of the same event and algorithms folded into
@@ -50,6 +52,7 @@ class DryRun:
         lines.insert(1, "-" * max(len(line) for line in lines))
         lines.append(f"{self.total_steps} steps; {self.compiled_steps} distinct traced step(s) to compile")
         lines.extend(f"warning: {d}" for d in self.diagnostics)
+        lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
 
 
@@ -157,4 +160,22 @@ def dry_run(
             when = f"{unit} {first}" if first == last else f"{unit} {first}-{last}"
             rows.extend(DryRunRow(when, e, n, (unit, first, last)) for e, n in span_names)  # type: ignore[attr-defined]
     rows = [r for r in rows + ends["end"] if r.algorithms]
-    return DryRun(tuple(rows), max(len(step_keys), 1), total, tuple(dict.fromkeys(diagnostics)))
+    named = {name for row in rows for name in row.algorithms}
+    notes = tuple(_unlisted(a, total) for a in algorithms if a.name not in named)
+    if not algorithms:
+        notes = ("no algorithm given: no event runs an algorithm's hook, so the table is empty",)
+    return DryRun(tuple(rows), max(len(step_keys), 1), total, tuple(dict.fromkeys(diagnostics)), notes)
+
+
+def _unlisted(algorithm: Algorithm, total: int) -> str:
+    """Returns why ``algorithm`` has no row: what it does outside the events' hooks, or that it never acts."""
+    capabilities = algorithm.capabilities()
+    if capabilities.freezes is not None:
+        does = "it freezes layers as training goes (the trainer asks it before each step), outside the events' hooks"
+    elif capabilities.stops is not None:
+        does = "it ends the run when its rule holds, read after each evaluation or log step, outside the events' hooks"
+    elif capabilities.lr_multiplier is not None:
+        does = "it reshapes the learning-rate schedule once, when training starts, outside the events' hooks"
+    else:
+        does = f"it runs at no event of this {total}-step run"
+    return f"{algorithm.name} has no row: {does}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import math
 import os
 import tempfile
 import warnings
@@ -27,6 +28,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from composer_fn.core import validate
+from composer_fn.loggers._paths import file_path
 
 __all__ = ["FORMATS", "export_model", "ExportCheck", "run_exported"]
 
@@ -73,12 +77,16 @@ def export_model(
     if not isinstance(example, Tensor) or example.dim() < 1 or example.shape[0] < 2:
         shape = tuple(example.shape) if isinstance(example, Tensor) else type(example).__name__
         raise ValueError(f"example={shape}: expected a batch tensor of at least 2 samples along dim 0, e.g. [8, 1, 28, 28]")
-    if not (isinstance(tolerance, float | int) and tolerance > 0):
+    if not (validate.is_real(tolerance) and math.isfinite(tolerance) and tolerance > 0):
         raise ValueError(f"tolerance={tolerance!r} must be a number > 0, e.g. 1e-5")
+    tolerance = float(tolerance)
+    target = file_path("path", path, f"model{SUFFIXES[format]}")
     if format == "onnx":
         _require_onnx()
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"path={str(path)!r}: its folder cannot be created ({error.strerror or error})") from None
     device = next((t.device for t in module.parameters()), example.device)
     example = example.to(device)
     with _eval_mode(module), torch.no_grad():

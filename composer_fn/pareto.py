@@ -13,9 +13,10 @@ A sweep file (TOML) names what to run; paths in it are relative to the file::
 
 Run ``<folder>/<recipe>/<length>/seed<k>/`` holds the run's JSON-lines ``log.jsonl``, its checkpoints and, once it
 has finished, ``result.json``. A run with a result is not run again; one without (interrupted) is started with
-``--autoresume`` and continues from its newest checkpoint. A run's wall time is the sum of its attempts' training
-wall times (each attempt's ``fit`` record; an attempt that was cut short counts up to its last record), so an
-interrupted run counts the work it redid.
+``--autoresume`` and continues from its newest checkpoint, appending to its log (one that left no checkpoint starts
+over, its log replaced). A run's wall time is the sum of its attempts' training wall times (each attempt's ``fit``
+record; an attempt that was cut short counts up to its last record), so an interrupted run counts the work it redid
+since its last checkpoint.
 
 The summary gives, per recipe and length, the mean and standard deviation (over seeds, ``ddof=1``) of the held-out
 accuracy and the mean wall time; the baseline's target is its mean accuracy at its longest length, and each
@@ -40,6 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from composer_fn.core import validate
 
 __all__ = ["Sweep", "RunSpec", "Result", "Point", "load_sweep", "run_sweep", "summarise", "draw", "write_pareto"]
 
@@ -125,13 +128,18 @@ def load_sweep(path: str | os.PathLike[str]) -> Sweep:
     """Returns the sweep in the TOML file at ``path``; raises ``SweepError`` naming the field that is wrong."""
     source = Path(path)
     if not source.is_file():
-        raise SweepError(f"sweep file {str(source)!r} does not exist: expected a TOML file (see composer_fn.pareto)")
+        what = "is a folder" if source.is_dir() else "does not exist"
+        raise SweepError(f"sweep file {str(source)!r} {what}: expected a TOML file (see composer_fn.pareto)")
     try:
         import tomllib
     except ModuleNotFoundError:
         raise SweepError("sweep files need Python 3.11 or newer (the standard library's tomllib)") from None
     try:
         table = tomllib.loads(source.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise SweepError(f"sweep file {str(source)!r} cannot be read ({error.strerror or error}): expected a TOML file") from None
+    except UnicodeDecodeError:
+        raise SweepError(f"sweep file {str(source)!r} is not text (not UTF-8): expected a TOML file (see composer_fn.pareto)") from None
     except tomllib.TOMLDecodeError as error:
         raise SweepError(f"sweep file {str(source)!r} is not valid TOML: {error}") from None
     known = {"recipes", "max_durations", "scale_schedule_ratios", "seeds", "folder", "baseline", "flags"}
@@ -181,7 +189,7 @@ def load_sweep(path: str | os.PathLike[str]) -> Sweep:
     flags = table.get("flags", {})
     if not isinstance(flags, dict):
         raise SweepError(f"{source}: flags={flags!r}: expected a table of flags, e.g. [flags] threads = 1")
-    reserved = {"config", "max_duration", "scale_schedule_ratio", "seed", "save_folder", "autoresume", "log_file"}
+    reserved = {"config", "max_duration", "scale_schedule_ratio", "seed", "save_folder", "autoresume", "log_file", "overwrite_log"}
     taken = sorted(reserved & set(flags))
     if taken:
         raise SweepError(f"{source}: flags.{taken[0]} is set by the sweep for each run; remove it")
@@ -198,6 +206,7 @@ def _command(run: RunSpec, flags: dict[str, Any]) -> list[str]:
         "--save-folder", str(run.folder / "checkpoints"),
         "--autoresume",
         "--log-file", str(run.folder / "log.jsonl"),
+        "--overwrite-log",  # a run that restarts from scratch (no checkpoint yet) replaces its lost attempt's log
         "--no-progress",
     ]  # fmt: skip
     for name, value in flags.items():
@@ -275,8 +284,7 @@ def run_sweep(
     sweep: Sweep, *, jobs: int = 1, on_result: Callable[[RunSpec, Result], None] | None = None
 ) -> list[Result]:
     """Returns every run's result, running the unfinished ones ``jobs`` at a time (finished ones are read)."""
-    if not (isinstance(jobs, int) and jobs >= 1):
-        raise ValueError(f"jobs={jobs!r} must be a whole number >= 1")
+    jobs = validate.integer("jobs", jobs, minimum=1, hint="runs at once")
     runs = sweep.runs()
 
     def one(run: RunSpec) -> Result:

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -28,8 +29,12 @@ import torch
 from composer_fn.core import validate
 from composer_fn.core.engine import Plan
 from composer_fn.core.event import Event
+from composer_fn.loggers._paths import folder_path
 
 __all__ = ["Profiler", "ProfileSession", "marked", "summarize"]
+
+_KINETO_LOG_LEVEL, _KINETO_QUIET = "KINETO_LOG_LEVEL", "6"
+"""The tracing library's log threshold, and the level above its highest severity (nothing is logged)."""
 
 
 @dataclass(frozen=True)
@@ -54,13 +59,16 @@ class Profiler:
     system_metrics: bool = True
 
     def __post_init__(self) -> None:
+        folder_path("trace_folder", self.trace_folder, "runs/profile")
         if not isinstance(self.schedule, tuple | list) or len(self.schedule) != 4:
             raise ValueError(f"schedule={self.schedule!r}: expected (wait, warmup, active, repeat), four whole numbers")
-        for name, value, minimum in zip(("wait", "warmup", "active", "repeat"), self.schedule, (0, 0, 1, 0), strict=True):
+        schedule = tuple(
             validate.integer(f"schedule's {name}", value, minimum=minimum, hint="steps" if name != "repeat" else "cycles")
+            for name, value, minimum in zip(("wait", "warmup", "active", "repeat"), self.schedule, (0, 0, 1, 0), strict=True)
+        )
         for name in ("record_shapes", "profile_memory", "with_stack", "system_metrics"):
             validate.flag(name, getattr(self, name))
-        object.__setattr__(self, "schedule", tuple(self.schedule))
+        object.__setattr__(self, "schedule", schedule)
 
 
 class ProfileSession:
@@ -73,23 +81,51 @@ class ProfileSession:
         self.traces: list[Path] = []
         self._samples: list[tuple[int, float, float]] = []
         self._profile: Any = None
+        self._quieted = False
 
-    def start(self) -> None:
-        """Starts recording on the schedule."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+    def start(self, steps: int | None = None) -> None:
+        """Starts recording on the schedule.
+
+        Args:
+            steps: the steps the run will train, when known: a schedule that waits and warms up for all of them
+                records nothing, and gets a warning that says so.
+        """
         wait, warmup, active, repeat = self.profiler.schedule
+        if steps is not None and steps <= wait + warmup:
+            warnings.warn(
+                f"Profiler schedule={self.profiler.schedule!r} records nothing in this run of {steps} steps: it skips "
+                f"{wait} (wait) and warms up {warmup} steps before recording; lower wait and warmup, or train longer",
+                stacklevel=3,
+            )
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ValueError(
+                f"trace_folder={str(self.profiler.trace_folder)!r} cannot be created ({error.strerror or error}); "
+                "expected a folder that can be written"
+            ) from None
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self._profile = torch.profiler.profile(
-            activities=activities,
-            schedule=torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=repeat),
-            on_trace_ready=self._write,
-            record_shapes=self.profiler.record_shapes,
-            profile_memory=self.profiler.profile_memory,
-            with_stack=self.profiler.with_stack,
-        )
-        self._profile.__enter__()
+        elif _KINETO_LOG_LEVEL not in os.environ:
+            # Without a GPU the tracing library still asks for one and logs its failure and its own stages to
+            # standard error; quiet it for this session (a level the user set is kept).
+            os.environ[_KINETO_LOG_LEVEL] = _KINETO_QUIET
+            self._quieted = True
+        try:
+            self._profile = torch.profiler.profile(
+                activities=activities,
+                schedule=torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=repeat),
+                on_trace_ready=self._write,
+                record_shapes=self.profiler.record_shapes,
+                profile_memory=self.profiler.profile_memory,
+                with_stack=self.profiler.with_stack,
+            )
+            self._profile.__enter__()
+        except BaseException:
+            self._profile = None
+            self._unquiet()
+            raise
 
     def step(self) -> None:
         """Marks the end of a training step (and samples the machine while recording)."""
@@ -103,8 +139,16 @@ class ProfileSession:
     def stop(self) -> None:
         """Stops recording; a cycle still open is written."""
         if self._profile is not None:
-            self._profile.__exit__(None, None, None)
-            self._profile = None
+            try:
+                self._profile.__exit__(None, None, None)
+            finally:
+                self._profile = None
+                self._unquiet()
+
+    def _unquiet(self) -> None:
+        if self._quieted:
+            os.environ.pop(_KINETO_LOG_LEVEL, None)
+            self._quieted = False
 
     def _write(self, profile: Any) -> None:
         path = self.folder / f"rank{self.rank}.{profile.step_num}.pt.trace.json"
@@ -147,15 +191,17 @@ def marked(plan: Plan) -> Plan:
     return dataclasses.replace(plan, hooks=wrap(dict(plan.hooks)), host=wrap(dict(plan.host)))
 
 
-def summarize(traces: Iterable[str | os.PathLike[str]], top: int = 15) -> str:
+def summarize(traces: Iterable[str | os.PathLike[str]] | str | os.PathLike[str], top: int = 15) -> str:
     """Returns the operators that took longest (time including what they call) and the time of each algorithm's
-    hooks and each host event in ``traces``, as text."""
+    hooks and each host event in ``traces`` (trace files, or one), as text; names are shown whole."""
+    top = validate.integer("top", top, minimum=1, hint="operators shown")
+    paths = [traces] if isinstance(traces, str | os.PathLike) else list(traces)
     operators: dict[str, list[float]] = defaultdict(list)
     algorithms: dict[str, float] = defaultdict(float)
     events: dict[str, float] = defaultdict(float)
-    for path in traces:
-        for entry in json.loads(Path(path).read_text()).get("traceEvents", []):
-            if entry.get("ph") != "X":
+    for path in paths:
+        for entry in _trace_events(path):
+            if not isinstance(entry, dict) or entry.get("ph") != "X":
                 continue
             name, duration = str(entry.get("name", "")), float(entry.get("dur", 0.0))
             if entry.get("cat") == "user_annotation":
@@ -165,15 +211,30 @@ def summarize(traces: Iterable[str | os.PathLike[str]], top: int = 15) -> str:
                     algorithms[name.split("/", 1)[0]] += duration
             elif entry.get("cat") == "cpu_op":
                 operators[name].append(duration)
-    lines = [f"{'operator':<40} {'calls':>7} {'total ms':>10}"]
     ranked = sorted(operators.items(), key=lambda item: -sum(item[1]))[:top]
-    lines += [f"{name[:40]:<40} {len(times):>7} {sum(times) / 1e3:>10.3f}" for name, times in ranked]
+    width = max([40, *(len(name) for name, _ in ranked), *(len(name) for name in (*algorithms, *events))])
+    lines = [f"{'operator':<{width}} {'calls':>7} {'total ms':>10}"]
+    lines += [f"{name:<{width}} {len(times):>7} {sum(times) / 1e3:>10.3f}" for name, times in ranked]
     lines.append("")
-    lines.append(f"{'algorithm (its hooks)':<40} {'total ms':>10}")
-    lines += [f"{name:<40} {total / 1e3:>10.3f}" for name, total in sorted(algorithms.items(), key=lambda i: -i[1])]
+    lines.append(f"{'algorithm (its hooks)':<{width}} {'total ms':>10}")
+    lines += [f"{name:<{width}} {total / 1e3:>10.3f}" for name, total in sorted(algorithms.items(), key=lambda i: -i[1])]
     if not algorithms:
         lines.append("(no algorithm hook ran while recording)")
     lines.append("")
-    lines.append(f"{'host event':<40} {'total ms':>10}")
-    lines += [f"{name:<40} {total / 1e3:>10.3f}" for name, total in sorted(events.items(), key=lambda i: -i[1])]
+    lines.append(f"{'host event':<{width}} {'total ms':>10}")
+    lines += [f"{name:<{width}} {total / 1e3:>10.3f}" for name, total in sorted(events.items(), key=lambda i: -i[1])]
     return "\n".join(lines)
+
+
+def _trace_events(path: str | os.PathLike[str]) -> list[Any]:
+    """Returns the events of the Chrome trace at ``path``; raises ValueError naming a file that is not one."""
+    try:
+        trace = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ValueError(f"trace {str(path)!r} cannot be read ({error.strerror or error}); expected a Chrome trace file") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError(f"trace {str(path)!r} is not JSON: expected a Chrome trace (*.pt.trace.json)") from None
+    events = trace.get("traceEvents") if isinstance(trace, dict) else None
+    if not isinstance(events, list):
+        raise ValueError(f"trace {str(path)!r} holds no traceEvents list: expected a Chrome trace (*.pt.trace.json)")
+    return events

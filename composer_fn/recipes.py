@@ -190,7 +190,7 @@ def load_recipe(path: str | os.PathLike[str], flags: Mapping[str, Callable[[str]
         if name in _TABLES or name == "callbacks":
             continue
         if name not in flags:
-            accepted = ", ".join(sorted([*flags, *_TABLES, "callbacks"]))
+            accepted = ", ".join(sorted(set([*flags, *_TABLES, "callbacks"])))
             raise recipe.error(name, f"unknown field; accepted: {accepted}")
         convert = flags[name]
         if isinstance(value, bool) or convert is bool:
@@ -243,6 +243,8 @@ def _read(file: Path, named: str, chain: tuple[Path, ...]) -> dict[str, Any]:
             data = tomllib.load(stream)
     except OSError as error:
         raise RecipeError(f"{named}: cannot be read ({error.strerror or error}); expected a TOML file") from None
+    except UnicodeDecodeError:
+        raise RecipeError(f"{named}: is not text (not UTF-8); expected a TOML file, e.g. recipes/digits-baseline.toml") from None
     except tomllib.TOMLDecodeError as error:
         raise RecipeError(f"{file}: not TOML ({error})") from None
     if "base" not in data:

@@ -10,7 +10,9 @@ compares methods); and the throughput by step. A dotted line marks each step whe
 from __future__ import annotations
 
 import json
+import math
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,18 +51,32 @@ def _log_file(path: Path) -> Path:
 
 def read_run(path: str | os.PathLike[str], label: str | None = None) -> Run:
     """Returns the records of the run at ``path`` (a run folder holding one ``*.jsonl`` log, or the log)."""
+    if isinstance(path, bool) or not isinstance(path, str | os.PathLike):
+        raise TypeError(f"run={path!r} must be a run folder or its JSON-lines log (a str or os.PathLike)")
+    if label is not None and not isinstance(label, str):
+        raise TypeError(f"label={label!r} must be a str (the run's name in the legend) or None")
     log = _log_file(Path(path))
     kinds: dict[str, list[dict[str, Any]]] = {"train": [], "eval": [], "plan": []}
-    with log.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{log}:{number} is not a JSON record ({error.msg}): expected one object a line") from None
-            if isinstance(record, dict) and record.get("kind") in kinds:
-                kinds[record["kind"]].append(record)
+    try:
+        text = log.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        with log.open("rb") as stream:
+            archive = stream.read(4) == b"PK\x03\x04"
+        what = "a zip archive, such as a checkpoint" if archive else "binary"
+        raise ValueError(
+            f"{log} is not a JSON-lines log: it is {what}, not text; expected the log JSONLLogger (--log-file) writes"
+        ) from None
+    except OSError as error:
+        raise ValueError(f"{log} cannot be read ({error.strerror or error}): expected a JSON-lines log") from None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{log}:{number} is not a JSON record ({error.msg}): expected one object a line") from None
+        if isinstance(record, dict) and record.get("kind") in kinds:
+            kinds[record["kind"]].append(record)
     if not kinds["train"] and not kinds["eval"]:
         raise ValueError(f"{log} holds no training or evaluation record: expected a log written by JSONLLogger")
     name = label if label is not None else (log.parent.name if log.name == "log.jsonl" else log.stem)
@@ -88,16 +104,26 @@ def write_report(
     """Writes the picture of ``runs`` (overlaid, one colour each) to ``output`` and returns its path.
 
     ``output`` defaults to ``report.png`` in the first run's folder. ``labels`` name the runs in the legend
-    (default: each run's folder name, or its log's name).
+    (default: each run's folder name, or its log's name). A metric a panel draws that a run logged without one
+    finite value (all NaN), or did not log, leaves that run out of the panel, with a warning naming both.
     """
+    if isinstance(runs, str | os.PathLike):
+        raise TypeError(f"runs={runs!r} must be a list of run folders or JSON-lines logs, e.g. [{str(runs)!r}]")
     if not runs:
         raise ValueError("runs is empty: expected at least one run folder or JSON-lines log")
+    if isinstance(labels, str):
+        raise TypeError(f"labels={labels!r} must be a list of names, one a run, e.g. [{labels!r}]")
     if labels and len(labels) != len(runs):
         raise ValueError(f"labels has {len(labels)} names for {len(runs)} runs: expected one a run, or none")
     read = [read_run(run, labels[i] if labels else None) for i, run in enumerate(runs)]
+    if output is not None and (isinstance(output, bool) or not isinstance(output, str | os.PathLike)):
+        raise TypeError(f"output={output!r} must be the path of a .png file (a str or os.PathLike) or None")
     target = Path(output) if output is not None else _log_file(Path(runs[0])).parent / "report.png"
-    if target.suffix.lower() != ".png":
-        raise ValueError(f"output={str(target)!r}: expected a path ending in .png")
+    if target.suffix.lower() != ".png" or target.is_dir():
+        raise ValueError(f"output={str(target)!r}: expected the path of a .png file, e.g. 'runs/report.png'")
+    from composer_fn.loggers._paths import file_path
+
+    file_path("output", str(target), "runs/report.png")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -114,6 +140,7 @@ def write_report(
         (axes[1][1], "eval", "wall_time", held_out, f"held-out {_title(held_out)}"),
         (axes[1][2], "train", "step", "samples_per_second", "throughput (samples/s)"),
     )
+    _warn_empty(read, panels)
     colours = [f"C{i % 10}" for i in range(len(read))]
     for ax, kind, x, y, title in panels:
         for run, colour in zip(read, colours, strict=True):
@@ -130,6 +157,27 @@ def write_report(
     target.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(target, dpi=DPI)
     return target
+
+
+def _warn_empty(runs: Sequence[Run], panels: Sequence[tuple[Any, str, str, str, str]]) -> None:
+    """Warns once for each run and metric a panel draws that the run logged with no finite value, or not at all."""
+    seen = set()
+    for run in runs:
+        for _, kind, _, metric, title in panels:
+            if (run.label, kind, metric) in seen:
+                continue
+            seen.add((run.label, kind, metric))
+            records = run.train if kind == "train" else run.eval
+            values = [r[metric] for r in records if isinstance(r.get(metric), int | float)]
+            if not values:
+                what = f"{metric} in its {len(records)} {kind} records" if records else f"any {kind} record"
+                warnings.warn(f"run {run.label!r} logged no {what}: the {title} panel has no line for it", stacklevel=3)
+            elif not any(math.isfinite(value) for value in values):
+                warnings.warn(
+                    f"run {run.label!r}: {metric} has no finite value (all {len(values)} logged are NaN or infinite); "
+                    f"the {title} panel has no line for it",
+                    stacklevel=3,
+                )
 
 
 def _title(metric: str) -> str:

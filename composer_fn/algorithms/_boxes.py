@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from composer_fn.core import validate
 from composer_fn.core.host import eager
 
 __all__ = ["MAX_SIDE", "box_mask", "check_sides", "integer_view"]
@@ -19,10 +20,10 @@ _SAME_SIZE_INTEGERS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.
 
 
 def check_sides(height: int, width: int) -> None:
-    """Raises ValueError unless ``height`` and ``width`` lie in ``[1, MAX_SIDE]``."""
+    """Raises ValueError unless ``height`` and ``width`` are ints in ``[1, MAX_SIDE]``."""
     for name, size in (("height", height), ("width", width)):
-        if not 1 <= size <= MAX_SIDE:
-            raise ValueError(f"{name}={size!r} must lie in [1, {MAX_SIDE}]")
+        if not (type(size) is int and 1 <= size <= MAX_SIDE):
+            validate.integer(name, size, minimum=1, maximum=MAX_SIDE)
 
 
 def box_mask(boxes: Tensor, height: int, width: int) -> Tensor:

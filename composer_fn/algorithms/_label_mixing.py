@@ -24,7 +24,40 @@ from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx, batch_get, batch_set
 from composer_fn.core.time import Timestamp
 
-__all__ = ["LabelMixing", "Pairing"]
+__all__ = ["LabelMixing", "Pairing", "check_batch", "check_indices", "check_num_classes"]
+
+
+def check_num_classes(num_classes: object) -> int:
+    """Returns ``num_classes`` as an int if it is a class count (an int >= 1); raises ValueError otherwise."""
+    return validate.integer("num_classes", num_classes, minimum=1, hint="the number of classes of the targets")
+
+
+def check_batch(input: Tensor, target: Tensor) -> None:
+    """Raises unless ``input`` and ``target`` are tensors holding the same, non-zero number of examples (dim 0).
+
+    Only shapes are read, so the check costs nothing inside a traced step.
+    """
+    for name, value in (("input", input), ("target", target)):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{name} of type {type(value).__name__}: expected a tensor")
+    if input.dim() == 0 or input.shape[0] == 0:
+        raise ValueError(f"input of shape {tuple(input.shape)} holds no examples: expected a batch [B, ...] with B >= 1")
+    if target.dim() == 0 or target.shape[0] != input.shape[0]:
+        raise ValueError(
+            f"target of shape {tuple(target.shape)} does not fit input of shape {tuple(input.shape)}: expected one "
+            f"target per example, {input.shape[0]} along dim 0"
+        )
+
+
+def check_indices(indices: Tensor, batch_size: int, of: str) -> None:
+    """Raises unless ``indices`` is an integer tensor of shape ``[batch_size]``, one partner per example of ``of``."""
+    if not isinstance(indices, Tensor) or indices.dtype not in (torch.int64, torch.int32):
+        shown = f"of dtype {indices.dtype}" if isinstance(indices, Tensor) else f"of type {type(indices).__name__}"
+        raise TypeError(f"indices {shown}: expected an int64 tensor, a permutation of the batch")
+    if tuple(indices.shape) != (batch_size,):
+        raise ValueError(
+            f"indices of shape {tuple(indices.shape)}: expected ({batch_size},), one partner per example of {of}"
+        )
 
 
 class Pairing(Protocol):
@@ -53,6 +86,8 @@ class LabelMixing(Algorithm, Generic[_P]):
         validate.real("alpha", self.alpha, minimum=0.0, hint="the Beta(α, α) concentration")
         validate.flag("interpolate_loss", self.interpolate_loss)
         validate.flag("per_sample", self.per_sample)
+        validate.batch_key("input_key", self.input_key)
+        validate.batch_key("target_key", self.target_key)
         if self.per_sample and self.interpolate_loss:
             raise ValueError(
                 "per_sample=True with interpolate_loss=True: a per-example weight cannot interpolate the "

@@ -43,7 +43,8 @@ class LowRankSolution(NamedTuple):
 def check_latent(name: str, latent: Any) -> None:
     """Raises ValueError unless ``latent`` is a width (an int >= 1) or a fraction of a width (a float in (0, 1))."""
     width = validate.is_integer(latent) and latent >= 1
-    if not width and not (isinstance(latent, float) and 0.0 < latent < 1.0):
+    fraction = validate.is_real(latent) and not validate.is_integer(latent) and 0.0 < latent < 1.0
+    if not width and not fraction:
         raise ValueError(
             f"{name}={latent!r} must be an int >= 1 or a float in (0, 1) (a fraction of the width)"
         )
@@ -71,6 +72,22 @@ def matrix_to_conv_weight(matrix: Tensor, kernel: tuple[int, ...]) -> Tensor:
     return weight.reshape(weight.shape[0], -1, *kernel).contiguous()
 
 
+def _check_finite_floats(**tensors: Tensor | None) -> None:
+    """Raises TypeError naming the first tensor that is not floating point, ValueError the first non-finite one."""
+    for name, tensor in tensors.items():
+        if tensor is None:
+            continue
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"{name} of type {type(tensor).__name__}: expected a tensor")
+        if not tensor.is_floating_point():
+            raise TypeError(f"{name} of dtype {tensor.dtype}: expected a floating-point tensor")
+        if not bool(torch.isfinite(tensor).all()):
+            raise ValueError(
+                f"{name} of shape {tuple(tensor.shape)} holds non-finite values (NaN or infinity): a least-squares "
+                "fit needs finite inputs, outputs and weights"
+            )
+
+
 def _lstsq(a: Tensor, b: Tensor) -> Tensor:
     return torch.linalg.lstsq(a, b).solution
 
@@ -94,20 +111,27 @@ def factorize_matrix(
     least-squares regression of ``Y`` on ``X`` (``Wb'`` None, ``rank`` -1), and a rank that reaches the latent
     width ``d`` of an earlier factorization keeps its two factors (``rank`` ``d``).
     """
+    _check_finite_floats(X=X, Y=Y, Wa=Wa, Wb=Wb, bias=bias)
     if X.dim() != 2 or Y.dim() != 2 or X.shape[0] != Y.shape[0]:
         raise ValueError(
             f"X {tuple(X.shape)} and Y {tuple(Y.shape)} must be matrices with the same number of rows"
         )
+    if X.shape[0] == 0 or X.shape[1] == 0 or Y.shape[1] == 0:
+        raise ValueError(f"X {tuple(X.shape)} and Y {tuple(Y.shape)} hold no data: expected at least one row and column")
     validate.integer("n_iters", n_iters, minimum=0)
+    if Wb is not None and (Wa.dim() != 2 or Wb.dim() != 2 or Wa.shape[1] != Wb.shape[0]):
+        raise ValueError(f"Wa {tuple(Wa.shape)} and Wb {tuple(Wb.shape)} must be matrices [D, d] and [d, M]")
     weight = Wa.detach() if Wb is None else Wa.detach() @ Wb.detach()
     if weight.shape != (X.shape[1], Y.shape[1]):
         raise ValueError(
             f"Wa {tuple(Wa.shape)}{'' if Wb is None else f' @ Wb {tuple(Wb.shape)}'} must map X's "
             f"{X.shape[1]} columns to Y's {Y.shape[1]}"
         )
+    if bias is not None and tuple(bias.shape) != (Y.shape[1],):
+        raise ValueError(f"bias {tuple(bias.shape)} must hold one value per column of Y: ({Y.shape[1]},)")
     check_latent("rank", rank)
     current = Wa.shape[1] if Wb is not None else min(weight.shape)
-    k = max(min(int(rank * X.shape[1]), current), 1) if isinstance(rank, float) else rank
+    k = int(rank) if validate.is_integer(rank) else max(min(int(rank * X.shape[1]), current), 1)
     dtype = X.dtype
     x, y = X.detach().to(torch.float64), Y.detach().to(torch.float64)
     target = y - bias.detach().to(torch.float64) if bias is not None else y
@@ -164,10 +188,19 @@ def factorize_conv2d(
         raise ValueError(f"groups={conv2d_kwargs['groups']!r}: grouped convolutions cannot be factorized")
     if biasB is not None and Wb is None:
         raise ValueError("biasB was given without Wb: a second bias needs a second convolution")
+    _check_finite_floats(X=X, Wa=Wa, Wb=Wb, biasA=biasA, biasB=biasB)
     if X.dim() != 4 or Wa.dim() != 4 or X.shape[1] != Wa.shape[1]:
         raise ValueError(
             f"X {tuple(X.shape)} and Wa {tuple(Wa.shape)} must be [N, in, H, W] and [out, in, k_h, k_w]"
         )
+    if biasA is not None and tuple(biasA.shape) != (Wa.shape[0],):
+        raise ValueError(f"biasA {tuple(biasA.shape)} must hold one value per output of Wa: ({Wa.shape[0]},)")
+    if Wb is not None and (Wb.dim() != 4 or Wb.shape[1] != Wa.shape[0] or tuple(Wb.shape[2:]) != (1, 1)):
+        raise ValueError(
+            f"Wb {tuple(Wb.shape)} must be a 1x1 convolution from Wa's {Wa.shape[0]} outputs: [out, {Wa.shape[0]}, 1, 1]"
+        )
+    if biasB is not None and Wb is not None and tuple(biasB.shape) != (Wb.shape[0],):
+        raise ValueError(f"biasB {tuple(biasB.shape)} must hold one value per output of Wb: ({Wb.shape[0]},)")
     kernel = tuple(Wa.shape[2:])
     patches = _patches(
         X.detach(), kernel, **{k: v for k, v in conv2d_kwargs.items() if k not in ("groups", "stride")}
@@ -194,6 +227,14 @@ def _plus(a: Tensor, b: Tensor | None) -> Tensor:
     return a if b is None else a + b
 
 
+def _pixels(argument: str, value: object, minimum: int) -> tuple[int, int]:
+    """Returns ``value`` (an int, or a pair of ints, each >= ``minimum``) as a pair of Python ints."""
+    pair = (value, value) if validate.is_integer(value) else tuple(value) if isinstance(value, tuple | list) else ()
+    if len(pair) != 2 or not all(validate.is_integer(v) and v >= minimum for v in pair):  # type: ignore[operator]
+        raise ValueError(f"{argument}={value!r} must be an int >= {minimum} or a pair of them (height, width)")
+    return int(pair[0]), int(pair[1])  # type: ignore[call-overload]
+
+
 def _patches(
     images: Tensor,
     kernel: tuple[int, ...],
@@ -204,9 +245,17 @@ def _patches(
     """Returns every ``k×k`` input patch (at stride 1) as a row ``[N · positions, in · k_h · k_w]``."""
     if isinstance(padding, str):
         raise ValueError(f"padding={padding!r}: give the padding in pixels (an int or a pair)")
-    pad = (padding, padding) if isinstance(padding, int) else tuple(padding)
+    pad = _pixels("padding", padding, 0)
+    spread = _pixels("dilation", dilation, 1)
+    validate.choice("padding_mode", padding_mode, ("zeros", "reflect", "replicate", "circular"))
+    for axis, size, k, p, d in zip(("height", "width"), images.shape[-2:], kernel, pad, spread, strict=True):
+        if d * (k - 1) + 1 > size + 2 * p:
+            raise ValueError(
+                f"X of shape {tuple(images.shape)} is smaller than the kernel {tuple(kernel)} (dilation "
+                f"{dilation!r}, padding {padding!r}) along its {axis}: no patch fits"
+            )
     if padding_mode != "zeros" and any(pad):
         images = F.pad(images, (pad[1], pad[1], pad[0], pad[0]), mode=padding_mode)
         pad = (0, 0)
-    unfolded = F.unfold(images, kernel_size=kernel, dilation=dilation, padding=pad)
+    unfolded = F.unfold(images, kernel_size=kernel, dilation=spread, padding=pad)
     return unfolded.transpose(1, 2).reshape(-1, unfolded.shape[1])

@@ -39,7 +39,15 @@ __all__ = [
     "replaced",
     "matching_modules",
     "surgery_key",
+    "check_model",
 ]
+
+
+def check_model(model: object, argument: str = "model") -> nn.Module:
+    """Returns ``model`` if it is a ``torch.nn.Module``; raises TypeError naming ``argument`` otherwise."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{argument} of type {type(model).__name__}: expected a torch.nn.Module")
+    return model
 
 
 def module_with_tensors(

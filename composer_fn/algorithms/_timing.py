@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from composer_fn.core.time import Time, Timestamp
-from composer_fn.core.validate import is_integer
+from composer_fn.core.validate import is_real
 
 __all__ = ["stored_time", "batch_end_times", "epoch_end_times"]
 
@@ -14,14 +14,15 @@ __all__ = ["stored_time", "batch_end_times", "epoch_end_times"]
 def stored_time(argument: str, value: object, example: str) -> float | str:
     """Returns ``value`` in the form a record stores a time: a float (a fraction of the run) or a time string.
 
-    An int becomes a float and a ``Time`` its string, so that equal times make equal, JSON-friendly records.
+    Any number (an int, a NumPy scalar) becomes a Python float and a ``Time`` its string, so that equal times make
+    equal, JSON-friendly records.
     Raises TypeError naming ``argument`` for anything else; ``example`` shows a time string it accepts.
     """
     if isinstance(value, Time):
         return value.to_timestring()
-    if is_integer(value):
+    if is_real(value):
         return float(value)
-    if not isinstance(value, float | str):
+    if not isinstance(value, str):
         raise TypeError(
             f"{argument}={value!r} ({type(value).__name__}): expected a fraction of the run (float), a time "
             f"string such as {example!r}, or a Time"

@@ -93,6 +93,7 @@ class AlibiBias(nn.Module):
         return -self.slopes[:, None, None] * distance
 
     def extra_repr(self) -> str:
+        """Returns the hyperparameters ``repr`` shows."""
         return f"num_heads={self.num_heads}"
 
 
@@ -128,7 +129,7 @@ def apply_alibi(model: nn.Module, max_sequence_length: int) -> nn.Module:
     is drawn, so no key is needed. Composer's ``apply_alibi`` leaves batches alone too: the shorter training
     rows are ``scale_batch_sequence_length`` (the ``Alibi`` algorithm does both).
     """
-    validate.integer("max_sequence_length", max_sequence_length, minimum=1)
+    max_sequence_length = validate.integer("max_sequence_length", max_sequence_length, minimum=1)
     if isinstance(model, nn.Module) and not hasattr(model, "blocks"):
         warn_nothing_to_replace(
             "Alibi", "transformer blocks (model.blocks, see composer_fn.nn.blocks)", model
@@ -164,6 +165,8 @@ def scaled_sequence_length(
     """
     scaling = train_sequence_length_scaling
     validate.real("train_sequence_length_scaling", scaling, minimum=0.0, maximum=1.0, open_below=True)
+    batch_size = validate.integer("batch_size", batch_size, minimum=1)
+    sequence_length = validate.integer("sequence_length", sequence_length, minimum=1)
     length = int(sequence_length * train_sequence_length_scaling)
     tokens = batch_size * sequence_length
     if length < 1 or tokens % length:

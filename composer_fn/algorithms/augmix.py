@@ -100,8 +100,7 @@ def augmix_params(
     """Returns the chains' ops and strengths and the mixing weights for ``batch_size`` images, from ``key``."""
     check_key(key)
     _check(severity, depth, width, alpha, augmentation_set)
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be positive")
+    batch_size = validate.integer("batch_size", batch_size, minimum=1)
     steps = depth if depth > 0 else _RANDOM_DEPTH
     shape = (batch_size, width, steps)
     choice = R.randint(R.fold_in(key, 0), 0, len(ops.augmentation_sets[augmentation_set]), shape)
@@ -291,6 +290,7 @@ class AugMix(BatchTransform):
 
     def __post_init__(self) -> None:
         _check(self.severity, self.depth, self.width, self.alpha, self.augmentation_set)
+        validate.batch_key("input_key", self.input_key)
 
     def transform(self, key: R.Key, input: Tensor) -> Tensor:
         # The values of a traced batch cannot be read; the Trainer checks the first batch's range instead.

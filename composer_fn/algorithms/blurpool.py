@@ -55,17 +55,42 @@ def _pair(value: int | tuple[int, ...]) -> tuple[int, int]:
     return int(value[0]), int(value[-1])
 
 
+def _checked_pair(argument: str, value: object, minimum: int) -> tuple[int, int]:
+    """Returns ``value`` (an int, or a pair of ints, each >= ``minimum``) as a pair of Python ints."""
+    if validate.is_integer(value):
+        pair: tuple[object, ...] = (value, value)
+    elif isinstance(value, tuple | list) and len(value) in (1, 2):
+        pair = tuple(value) * (3 - len(value))
+    else:
+        pair = ()
+    if len(pair) != 2 or not all(validate.is_integer(v) and v >= minimum for v in pair):  # type: ignore[operator]
+        raise ValueError(f"{argument}={value!r} must be an int >= {minimum} or a pair of them (height, width)")
+    return int(pair[0]), int(pair[1])  # type: ignore[call-overload]
+
+
+def _check_images(input: object) -> Tensor:
+    if not isinstance(input, Tensor) or input.dim() != 4:
+        shape = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
+        raise ValueError(f"input {shape}: expected a batch of images [N, C, H, W]")
+    if not input.is_floating_point():
+        raise TypeError(
+            f"input of dtype {input.dtype}: blurring needs floating-point images (float32, float16, bfloat16 or "
+            "float64); convert integer images with .float() first"
+        )
+    return input
+
+
 def blur_2d(input: Tensor, stride: int | tuple[int, int] = 1, filter: Tensor | None = None) -> Tensor:
     """Returns ``input [N, C, H, W]`` blurred channel by channel with ``filter``, at ``stride``.
 
     ``filter`` is ``[kh, kw]``, ``[1, 1, kh, kw]`` (the same for every channel) or ``[C, 1, kh, kw]``, with odd
     ``kh`` and ``kw``; the default is ``default_blur_filter()``. The input is zero-padded by ``kh // 2`` and
     ``kw // 2``, so at stride 1 the output has the input's shape. Composer's ``channels`` argument is not
-    needed: the channel count is read from the input.
+    needed: the channel count is read from the input. Integer images are refused (a blur of them would be
+    rounded to zeros): convert them to floats first.
     """
-    if not isinstance(input, Tensor) or input.dim() != 4:
-        shape = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
-        raise ValueError(f"input {shape}: expected a batch of images [N, C, H, W]")
+    _check_images(input)
+    stride = _checked_pair("stride", stride, 1)
     channels = input.shape[1]
     weights = default_blur_filter() if filter is None else filter
     if weights.dim() == 2:
@@ -95,10 +120,34 @@ def blurmax_pool2d(
     Composer's ``blurmax_pool2d``; ``kernel_size`` is required (Composer's default ``None`` fails in
     ``max_pool2d``). ``filter`` is as in ``blur_2d``.
     """
+    _check_images(input)
+    kernel = _checked_pair("kernel_size", kernel_size, 1)
+    stride = _checked_pair("stride", stride, 1)
+    pad = _checked_pair("padding", padding, 0)
+    spread = _checked_pair("dilation", dilation, 1)
+    validate.flag("ceil_mode", ceil_mode)
+    _check_pool(input, kernel, pad, spread)
     maxima = F.max_pool2d(
         input, kernel_size=kernel_size, stride=1, padding=padding, dilation=dilation, ceil_mode=ceil_mode
     )
     return blur_2d(maxima, stride=stride, filter=filter)
+
+
+def _check_pool(
+    input: Tensor, kernel: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int]
+) -> None:
+    for axis, size, k, pad, spread in zip(("height", "width"), input.shape[-2:], kernel, padding, dilation, strict=True):
+        window = spread * (k - 1) + 1
+        if 2 * pad > window:
+            raise ValueError(
+                f"padding={padding!r} exceeds half the pooling window along the {axis} ({window} pixels with "
+                f"kernel_size={kernel!r} and dilation={dilation!r}): lower padding"
+            )
+        if window > size + 2 * pad:
+            raise ValueError(
+                f"kernel_size={kernel!r} with dilation={dilation!r} spans {window} pixels, more than the input's "
+                f"{axis} of {size} (+ {2 * pad} padding): input of shape {tuple(input.shape)}"
+            )
 
 
 def _conv_like(conv: nn.Conv2d, stride: tuple[int, int]) -> nn.Conv2d:
@@ -173,6 +222,12 @@ class BlurMaxPool2d(nn.Module):
         ceil_mode: bool = False,
     ) -> None:
         super().__init__()
+        _checked_pair("kernel_size", kernel_size, 1)
+        if stride is not None:
+            _checked_pair("stride", stride, 1)
+        _checked_pair("padding", padding, 0)
+        _checked_pair("dilation", dilation, 1)
+        validate.flag("ceil_mode", ceil_mode)
         self.kernel_size = kernel_size
         self.stride = kernel_size if stride is None else stride
         self.padding = padding
@@ -181,6 +236,7 @@ class BlurMaxPool2d(nn.Module):
         self.register_buffer("filt2d", default_blur_filter())
 
     def extra_repr(self) -> str:
+        """Returns the hyperparameters ``repr`` shows."""
         return (
             f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
             f"dilation={self.dilation}, ceil_mode={self.ceil_mode}"

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from composer_fn.algorithms._surgery import shared_copy
+from composer_fn.algorithms._surgery import check_model, shared_copy
 from composer_fn.core.algorithm import Algorithm, HostHook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static
@@ -109,7 +109,12 @@ def _warn(layers: Collection[str]) -> None:
 
 def channels_last_tensors(tensors: Mapping[str, Tensor], keep: Collection[str] = ()) -> dict[str, Tensor]:
     """Returns the tensors with every 4-d one in ``torch.channels_last`` format, but those named in ``keep``
-    (others are kept as they are)."""
+    (others are kept as they are). ``keep`` may only name tensors of ``tensors``."""
+    if isinstance(keep, str):
+        raise TypeError(f"keep={keep!r} must be a collection of names, not one name: keep=({keep!r},)")
+    unknown = sorted(set(keep) - set(tensors))
+    if unknown:
+        raise ValueError(f"keep names {unknown[:5]}, which tensors does not hold")
     return {
         name: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 and name not in keep else t
         for name, t in tensors.items()
@@ -122,6 +127,7 @@ def apply_channels_last(model: nn.Module) -> nn.Module:
     On a CPU that runs oneDNN's AVX2 kernels, the layers ``channels_last_fault`` names stay contiguous and
     make their input contiguous, with a warning naming them.
     """
+    check_model(model)
     converted = copy.deepcopy(model).to(memory_format=torch.channels_last)
     device = next((p.device for p in converted.parameters()), torch.device("cpu"))
     layers = _faulty_layers(converted, device)

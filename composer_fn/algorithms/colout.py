@@ -22,9 +22,11 @@ from torch.utils.data import get_worker_info
 
 from composer_fn.algorithms._batch_transform import BatchTransform
 from composer_fn.algorithms._keys import check_key
+from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
+from composer_fn.core.host import readable_on_host
 from composer_fn.core.state import batch_get, batch_set
 
 __all__ = ["ColOut", "ColOutParams", "ColOutTransform", "colout_params", "colout_apply", "colout_batch"]
@@ -42,6 +44,13 @@ def _check_resize_target(resize_target: bool | str) -> None:
         raise ValueError(f"resize_target={resize_target!r} must be True, False or 'auto'")
 
 
+def _check_fractions(p_row: object, p_col: object) -> None:
+    # A fraction of 1 drops every row (or column): the image would vanish.
+    hint = "the fraction to drop; 1 would drop them all"
+    validate.real("p_row", p_row, minimum=0.0, maximum=1.0, open_above=True, hint=hint)
+    validate.real("p_col", p_col, minimum=0.0, maximum=1.0, open_above=True, hint=hint)
+
+
 def _kept(words: Tensor, count: int) -> Tensor:
     # The first `count` entries of a keyed permutation, in increasing order.
     return torch.sort(torch.argsort(words, stable=True)[:count]).values
@@ -55,17 +64,22 @@ def colout_params(
     ``int((1 - p_row) * height)`` rows and ``int((1 - p_col) * width)`` columns are kept, in increasing order.
     """
     check_key(key)
-    validate.probability("p_row", p_row, hint="the fraction to drop")
-    validate.probability("p_col", p_col, hint="the fraction to drop")
-    for name, size in (("height", height), ("width", width)):
-        if size < 0:
-            raise ValueError(f"{name}={size!r} must be non-negative")
+    _check_fractions(p_row, p_col)
+    height = validate.integer("height", height, minimum=1)
+    width = validate.integer("width", width, minimum=1)
+    rows, cols = int((1 - p_row) * height), int((1 - p_col) * width)
+    for name, fraction, side, size, kept in (("p_row", p_row, "height", height, rows), ("p_col", p_col, "width", width, cols)):
+        if kept < 1:
+            raise ValueError(
+                f"{name}={fraction!r} keeps int((1 - {name}) * {side}) = 0 of {size} {'rows' if name == 'p_row' else 'columns'}: "
+                f"the image would vanish; lower {name}"
+            )
     # One call for both axes: the rows' permutation is R.permutation(key, height), the columns' sorts the
     # next `width` words of the same stream.
     words = R.bits(key, (height + width,))
     return ColOutParams(
-        _kept(words[:height], int((1 - p_row) * height)),
-        _kept(words[height:], int((1 - p_col) * width)),
+        _kept(words[:height], rows),
+        _kept(words[height:], cols),
     )
 
 
@@ -74,6 +88,12 @@ def colout_apply(input: Tensor, params: ColOutParams) -> Tensor:
     if input.dim() < 2:
         raise ValueError(f"input of shape {tuple(input.shape)}: expected [..., H, W]")
     rows, cols = params.rows.to(input.device), params.cols.to(input.device)
+    for name, kept, axis, size in (("rows", rows, "H", input.shape[-2]), ("cols", cols, "W", input.shape[-1])):
+        if readable_on_host(kept) and kept.numel() and int(kept.max()) >= size:
+            raise ValueError(
+                f"params.{name} holds index {int(kept.max())}, outside input of shape {tuple(input.shape)} "
+                f"({axis}={size}): draw the params with colout_params for this input's height and width"
+            )
     return input.index_select(-2, rows).index_select(-1, cols)
 
 
@@ -158,6 +178,17 @@ def colout_batch(
     if not 1 <= len(items) <= 2:
         raise ValueError(f"sample holds {len(items)} items: expected an input or an (input, target) pair")
     input = items[0]
+    if isinstance(input, Tensor) and input.dim() not in (3, 4):
+        raise ValueError(
+            f"sample's input of shape {tuple(input.shape)}: expected one image [C, H, W] or a batch [N, C, H, W]"
+        )
+    if len(items) == 2 and isinstance(input, Tensor) and input.dim() == 4:
+        target = items[1]
+        if isinstance(target, Tensor) and (target.dim() == 0 or target.shape[0] != input.shape[0]):
+            raise ValueError(
+                f"sample's target of shape {tuple(target.shape)} does not fit its input of shape "
+                f"{tuple(input.shape)}: a batch needs one target per image, {input.shape[0]} along dim 0"
+            )
     height, width = _spatial(input)
     params = colout_params(key, height, width, p_row=p_row, p_col=p_col)
     result = [_colout_item(input, params)]
@@ -190,8 +221,7 @@ class ColOutTransform:
     def __init__(
         self, p_row: float = 0.15, p_col: float = 0.15, resize_target: bool | str = "auto", seed: int = 0
     ) -> None:
-        validate.probability("p_row", p_row, hint="the fraction to drop")
-        validate.probability("p_col", p_col, hint="the fraction to drop")
+        _check_fractions(p_row, p_col)
         _check_resize_target(resize_target)
         self.p_row, self.p_col, self.resize_target = p_row, p_col, resize_target
         self.seed = seed
@@ -239,9 +269,15 @@ class ColOut(BatchTransform):
     target_key: int | str = 1
 
     def __post_init__(self) -> None:
-        validate.probability("p_row", self.p_row, hint="the fraction to drop")
-        validate.probability("p_col", self.p_col, hint="the fraction to drop")
+        _check_fractions(self.p_row, self.p_col)
         _check_resize_target(self.resize_target)
+        validate.batch_key("input_key", self.input_key)
+        validate.batch_key("target_key", self.target_key)
+        if self.p_row == 0 and self.p_col == 0:
+            warn_changes_nothing(
+                "ColOut(p_row=0, p_col=0) changes nothing: no row and no column is dropped; use p_row or p_col "
+                "above 0 (Composer's default is 0.15) or leave ColOut out"
+            )
         if not self.batch:
             raise ValueError(
                 "ColOut(batch=False) would add a transform to the dataset, which an algorithm cannot do here: "

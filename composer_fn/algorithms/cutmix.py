@@ -29,7 +29,7 @@ from torch import Tensor
 
 from composer_fn.algorithms._boxes import box_mask, check_sides, integer_view
 from composer_fn.algorithms._keys import check_key
-from composer_fn.algorithms._label_mixing import LabelMixing
+from composer_fn.algorithms._label_mixing import LabelMixing, check_batch, check_indices, check_num_classes
 from composer_fn.algorithms._targets import ensure_targets_one_hot
 from composer_fn.core import random as R
 from composer_fn.core import validate
@@ -117,8 +117,7 @@ def cutmix_boxes(
     so it runs inside a compiled step. Box sides are ``floor(cut_ratio * H)`` by ``floor(cut_ratio * W)``.
     """
     check_key(key)
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be positive")
+    batch_size = validate.integer("batch_size", batch_size, minimum=1)
     check_sides(height, width)
     if cut_ratio.dim() > 1 or (cut_ratio.dim() == 1 and cut_ratio.shape[0] != batch_size):
         raise ValueError(f"cut_ratio of shape {tuple(cut_ratio.shape)}: expected () or ({batch_size},)")
@@ -154,8 +153,11 @@ def cutmix_params(
     λ is drawn. ``per_sample`` draws a λ and a box for each example instead of one for the batch.
     """
     check_key(key)
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be positive")
+    batch_size = validate.integer("batch_size", batch_size, minimum=1)
+    height = validate.integer("height", height, minimum=1)
+    width = validate.integer("width", width, minimum=1)
+    if length is not None:
+        length = validate.real("length", length, minimum=0.0, maximum=1.0, hint="a fraction of H and of W")
     if not per_sample:
         return _one_box_params(key, batch_size, height, width, alpha, uniform_sampling, length)
     shape = (batch_size,)
@@ -312,6 +314,8 @@ def cutmix_targets(target: Tensor, params: CutMixParams, num_classes: int) -> Te
 
     For class targets; dense targets (one value per pixel) get the box pasted instead, with ``cutmix_apply``.
     """
+    check_num_classes(num_classes)
+    check_indices(params.indices, target.shape[0] if target.dim() else 0, "target")
     probabilities = ensure_targets_one_hot(target, num_classes)
     area = params.area.to(device=probabilities.device, dtype=probabilities.dtype)
     if area.dim() == 1:
@@ -364,10 +368,13 @@ def cutmix_batch(
     """
     if key is not None:
         check_key(key)
+    if num_classes is not None:
+        check_num_classes(num_classes)
     if bbox is not None and length is not None:
         raise ValueError(f"give length or bbox, not both; got length={length!r} and bbox={bbox!r}")
     if input.dim() < 3:
         raise ValueError(f"input of shape {tuple(input.shape)}: expected [B, C, H, W]")
+    check_batch(input, target)
     batch_size, (height, width) = input.shape[0], input.shape[-2:]
     if (bbox is None or indices is None) and key is None:
         raise ValueError("key is required unless both bbox= and indices= are given")
@@ -398,8 +405,11 @@ def cutmix_batch(
     if _is_dense(target, input):
         return mixed, cutmix_apply(target, pasting), params.area, params.bbox
     if num_classes is None:
-        if not target.is_floating_point():
-            raise ValueError("num_classes is required when target holds class indices")
+        if not target.is_floating_point() or target.dim() < 2:
+            raise ValueError(
+                f"num_classes is required when target holds class indices (target of shape {tuple(target.shape)} "
+                f"and dtype {target.dtype}); probability targets [B, C, ...] give it themselves"
+            )
         num_classes = target.shape[1]
     return mixed, cutmix_targets(target, params, num_classes), params.area, params.bbox
 

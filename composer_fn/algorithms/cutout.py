@@ -22,6 +22,7 @@ from composer_fn.algorithms._augment.inputs import on_pil_or_tensor
 from composer_fn.algorithms._batch_transform import BatchTransform
 from composer_fn.algorithms._boxes import box_mask, check_sides, integer_view
 from composer_fn.algorithms._keys import check_key
+from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
@@ -68,8 +69,7 @@ def cutout_params(
     """
     check_key(key)
     _check(num_holes=num_holes, length=length)
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be positive")
+    batch_size = validate.integer("batch_size", batch_size, minimum=1)
     check_sides(height, width)
     side = _hole_side(height, width, length)
     half = side // 2
@@ -222,6 +222,15 @@ class CutOut(BatchTransform):
 
     def __post_init__(self) -> None:
         _check(num_holes=self.num_holes, length=self.length)
+        validate.flag("uniform_sampling", self.uniform_sampling)
+        validate.flag("per_sample", self.per_sample)
+        validate.batch_key("input_key", self.input_key)
+        if self.num_holes == 0 or self.length == 0:
+            setting = "num_holes=0" if self.num_holes == 0 else "length=0"
+            warn_changes_nothing(
+                f"CutOut({setting}) changes nothing: no pixel is ever zeroed; use num_holes >= 1 and length > 0 "
+                "(Composer's defaults are 1 and 0.5) or leave CutOut out"
+            )
 
     def transform(self, key: R.Key, input: Tensor) -> Tensor:
         params = cutout_params(

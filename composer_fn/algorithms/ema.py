@@ -30,6 +30,7 @@ from composer_fn.algorithms._timing import batch_end_times, epoch_end_times
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
 from composer_fn.core.event import Event
+from composer_fn.core.host import eager
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx
 from composer_fn.core.time import Time, Timestamp, TimeUnit
 
@@ -50,6 +51,29 @@ def _check_smoothing(smoothing: float | Tensor) -> None:
     validate.real("smoothing", smoothing, minimum=0.0, maximum=1.0)
 
 
+def _check_names(average: Mapping[str, Tensor], params: Mapping[str, Tensor], of: tuple[str, str]) -> None:
+    if average.keys() != params.keys():
+        missing, extra = sorted(params.keys() - average.keys()), sorted(average.keys() - params.keys())
+        raise ValueError(
+            f"{of[0]} and {of[1]} must hold the same names: {missing} only in {of[1]}, {extra} only in {of[0]}"
+        )
+
+
+def _mismatch(average: Mapping[str, Tensor], params: Mapping[str, Tensor], of: tuple[str, str]) -> ValueError | None:
+    """Returns the error naming the first name whose two tensors cannot be averaged, or None if there is none."""
+    for name, old in average.items():
+        new = params[name]
+        for side, value in ((of[0], old), (of[1], new)):
+            if not isinstance(value, Tensor):
+                return ValueError(f"{side}[{name!r}] of type {type(value).__name__}: expected a tensor")
+        if old.shape != new.shape or old.dtype != new.dtype or old.device != new.device:
+            return ValueError(
+                f"{of[0]}[{name!r}] ({tuple(old.shape)}, {old.dtype}, {old.device}) and {of[1]}[{name!r}] "
+                f"({tuple(new.shape)}, {new.dtype}, {new.device}) must have the same shape, dtype and device"
+            )
+    return None
+
+
 def ema_update(
     average: Mapping[str, Tensor], params: Mapping[str, Tensor], smoothing: float | Tensor
 ) -> dict[str, Tensor]:
@@ -58,14 +82,29 @@ def ema_update(
     Floating-point tensors are averaged in one ``torch._foreach_lerp`` (the update of
     ``torch.optim.swa_utils.get_ema_multi_avg_fn``); integer tensors, such as BatchNorm's
     ``num_batches_tracked``, are counters rather than weights and take the value in ``params``. Neither input is
-    modified. Both must hold the same names.
+    modified. Both must hold the same names, with tensors of the same shape, dtype and device.
     """
+    return _updated(average, params, smoothing, ("average", "params"))
+
+
+def _updated(
+    average: Mapping[str, Tensor], params: Mapping[str, Tensor], smoothing: float | Tensor, of: tuple[str, str]
+) -> dict[str, Tensor]:
     _check_smoothing(smoothing)
-    if average.keys() != params.keys():
-        missing, extra = sorted(params.keys() - average.keys()), sorted(average.keys() - params.keys())
-        raise ValueError(
-            f"average and params must hold the same names: {missing} only in params, {extra} only in average"
-        )
+    _check_names(average, params, of)
+    if eager():
+        # Found only when the update fails, so the check costs nothing on a good step.
+        try:
+            return _lerped(average, params, smoothing)
+        except (RuntimeError, TypeError, AttributeError) as error:
+            mismatch = _mismatch(average, params, of)
+            if mismatch is None:
+                raise
+            raise mismatch from error
+    return _lerped(average, params, smoothing)
+
+
+def _lerped(average: Mapping[str, Tensor], params: Mapping[str, Tensor], smoothing: float | Tensor) -> dict[str, Tensor]:
     floating = [n for n, t in average.items() if t.is_floating_point() or t.is_complex()]
     weight = 1.0 - smoothing
     old, new = [average[n] for n in floating], [params[n] for n in floating]
@@ -82,11 +121,10 @@ def compute_ema(
 
     Composer's ``compute_ema(model, ema_model, smoothing)`` over tensor dictionaries (parameters and buffers by
     qualified name) rather than modules, returning the new average instead of writing into ``ema_model``.
-    As in Composer, only names that ``ema_model`` holds are averaged; names ``model`` lacks are kept as they are.
+    Unlike Composer, which averages the names both hold and skips the others without a word, the two must hold
+    the same names, with tensors of the same shape, dtype and device: a ValueError names the first that differ.
     """
-    shared = [n for n in ema_model if n in model]
-    updated = ema_update({n: ema_model[n] for n in shared}, {n: model[n] for n in shared}, smoothing)
-    return {n: updated.get(n, tensor) for n, tensor in ema_model.items()}
+    return _updated(ema_model, model, smoothing, ("ema_model", "model"))
 
 
 def ema_smoothing(half_life: str, update_interval: str | None = None) -> float:

@@ -32,7 +32,7 @@ from composer_fn.algorithms._low_rank import (
     matrix_to_conv_weight,
     svd_factors,
 )
-from composer_fn.algorithms._surgery import Surgery, replace_modules, warn_nothing_to_replace
+from composer_fn.algorithms._surgery import Surgery, check_model, replace_modules, warn_nothing_to_replace
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
 
@@ -54,9 +54,9 @@ _T = TypeVar("_T", bound="_TwoFactors")
 
 def latent_size(latent: int | float, in_size: int, out_size: int) -> int:
     """Returns the latent width: ``latent`` itself if an int, else ``max(1, int(latent · min(in, out)))``."""
-    if isinstance(latent, float):
+    if not validate.is_integer(latent):
         return max(1, int(latent * min(in_size, out_size)))
-    return latent
+    return int(latent)
 
 
 def max_rank_with_speedup(in_size: int, out_size: int, kernel_size: tuple[int, ...] = ()) -> int:
@@ -297,6 +297,7 @@ def apply_factorization(
     (linear layers) and the latent width saves multiply-adds (see the module docstring). The factors start
     from the layer's truncated SVD, so no key is needed. The defaults are those of Composer's function.
     """
+    check_model(model)
     hparams = Factorize(
         factorize_convs, factorize_linears, min_channels, latent_channels, min_features, latent_features
     )

@@ -91,8 +91,13 @@ def feed_forward_parameter_change(
 ) -> int:
     """Returns how many parameters one block gains from the surgery: ``d*f + (g + u - 1) * f``.
 
-    ``g`` and ``u`` are 1 for a gated and a non-gated bias respectively (see the module docstring).
+    ``g`` and ``u`` are 1 for a gated and a non-gated bias respectively (see the module docstring);
+    ``d_model`` and ``d_ff`` are widths, ints >= 1.
     """
+    d_model = validate.integer("d_model", d_model, minimum=1, hint="the model width")
+    d_ff = validate.integer("d_ff", d_ff, minimum=1, hint="the feed-forward width")
+    validate.flag("gated_layer_bias", gated_layer_bias)
+    validate.flag("non_gated_layer_bias", non_gated_layer_bias)
     return d_model * d_ff + (int(gated_layer_bias) + int(non_gated_layer_bias) - 1) * d_ff
 
 

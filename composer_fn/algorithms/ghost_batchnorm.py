@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +28,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.algorithms._surgery import Surgery, matching_modules, replaced, shared_copy
 from composer_fn.core import validate
-from composer_fn.core.algorithm import register
+from composer_fn.core.algorithm import HostHook, register
+from composer_fn.core.event import Event
+from composer_fn.core.state import BatchMeta, State, Static
+from composer_fn.core.time import Timestamp
 
 __all__ = [
     "GhostBatchNorm",
@@ -127,7 +132,9 @@ def _targets(module: nn.Module) -> list[str]:
 
 def apply_ghost_batchnorm(model: nn.Module, ghost_batch_size: int = 32) -> nn.Module:
     """Returns a copy of ``model`` whose ``BatchNorm{1,2,3}d`` layers are ghost batch norms; ``model`` is untouched."""
-    validate.integer("ghost_batch_size", ghost_batch_size, minimum=1)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model of type {type(model).__name__}: expected a torch.nn.Module")
+    ghost_batch_size = validate.integer("ghost_batch_size", ghost_batch_size, minimum=1)
     # The layers keep the model's own tensors, which ``replace_modules`` moves onto its copy: ties stay.
     replacements = {
         name: _reclassed(layer, shared_copy(layer), ghost_batch_size)
@@ -141,7 +148,12 @@ def apply_ghost_batchnorm(model: nn.Module, ghost_batch_size: int = 32) -> nn.Mo
 @register
 @dataclass(frozen=True)
 class GhostBatchNorm(Surgery):
-    """Replaces ``BatchNorm{1,2,3}d`` by ghost batch norms at INIT (Composer's ``GhostBatchNorm``)."""
+    """Replaces ``BatchNorm{1,2,3}d`` by ghost batch norms at INIT (Composer's ``GhostBatchNorm``).
+
+    Args:
+        ghost_batch_size: the number of samples each chunk of a training batch is normalized over. A batch of
+            at most this many samples is one chunk (plain BatchNorm): the first batch of a run says so.
+    """
 
     algorithm_name = "ghost_batchnorm"
 
@@ -149,6 +161,24 @@ class GhostBatchNorm(Surgery):
 
     def __post_init__(self) -> None:
         validate.integer("ghost_batch_size", self.ghost_batch_size, minimum=1)
+
+    def host_hooks(self) -> Mapping[Event, HostHook]:
+        return {**super().host_hooks(), Event.BATCH_START: self._check_batch_size}
+
+    def match(self, event: Event, timestamp: Timestamp) -> bool:
+        # The batch size is first known at the run's first batch: it is checked there, once.
+        return event is not Event.BATCH_START or timestamp.batch == 0
+
+    def _check_batch_size(
+        self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
+    ) -> tuple[Static, State]:
+        if meta is not None and 0 < meta.batch_size <= self.ghost_batch_size:
+            warn_changes_nothing(
+                f"GhostBatchNorm(ghost_batch_size={self.ghost_batch_size}) changes nothing on batches of "
+                f"{meta.batch_size} samples: a batch of at most ghost_batch_size samples is normalized as one "
+                f"chunk, which is plain BatchNorm; use ghost_batch_size < {meta.batch_size}"
+            )
+        return static, state
 
     def targets(self, module: nn.Module) -> frozenset[str]:
         return frozenset(_targets(module))

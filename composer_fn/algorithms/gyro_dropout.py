@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from composer_fn.algorithms._surgery import (
     Surgery,
+    check_model,
     matching_modules,
     replace_modules,
     warn_nothing_to_replace,
@@ -81,6 +82,12 @@ def gyro_dropout_masks(
     Round ``step // period`` selects ``tau`` of the ``sigma`` masks of the bank that ``mask_key`` defines
     (see the module docstring); each mask keeps a feature with probability ``1 - p``.
     """
+    if not isinstance(step, Tensor):
+        step = validate.integer("step", step, minimum=0, hint="the training step")
+    features = validate.integer("features", features, minimum=1, hint="the width of a mask")
+    _check(p, sigma, tau)
+    period = validate.integer("period", period, minimum=1, hint="training steps between selections")
+    sigma, tau = int(sigma), int(tau)
     bank_key, selection_key = _bank_and_selection_keys(mask_key)
     round_ = step // period
     selected = R.randint(R.fold_in(selection_key, round_), 0, sigma, (tau,))
@@ -112,9 +119,9 @@ class GyroDropoutLayer(nn.Module):
         validate.integer("period", period, minimum=1, hint="training steps between selections")
         super().__init__()
         self.p = float(p)
-        self.sigma = sigma
-        self.tau = tau
-        self.period = period
+        self.sigma = int(sigma)
+        self.tau = int(tau)
+        self.period = int(period)
         initial = R.key(0) if mask_key is None else mask_key.detach().clone()
         if initial.shape != (2,) or initial.dtype != torch.int64:
             raise ValueError(
@@ -124,6 +131,7 @@ class GyroDropoutLayer(nn.Module):
         self.register_buffer("training_step", torch.zeros((), dtype=torch.int64, device=initial.device))
 
     def extra_repr(self) -> str:
+        """Returns the hyperparameters ``repr`` shows."""
         return f"p={self.p}, sigma={self.sigma}, tau={self.tau}, period={self.period}"
 
     def forward(self, input: Tensor) -> Tensor:
@@ -174,6 +182,7 @@ def apply_gyro_dropout(
     The run is ``iters_per_epoch · max_epoch`` training steps, which sets the selection period; each layer's
     mask bank is keyed by ``fold_in(key, name_to_int(name))``. ``nn.Dropout`` subclasses are replaced too.
     """
+    check_model(model)
     _check(p, sigma, tau)
     validate.integer("iters_per_epoch", iters_per_epoch, minimum=1)
     validate.integer("max_epoch", max_epoch, minimum=1)

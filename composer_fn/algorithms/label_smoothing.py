@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.algorithms._targets import class_dimension, ensure_targets_one_hot
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, register
@@ -31,8 +32,11 @@ def smooth_labels(logits: Tensor, target: Tensor, smoothing: float | Tensor = 0.
     Each output row sums to 1 when the input row does; ``smoothing = 0`` gives the one-hot targets. A target
     that fits neither way, or (eagerly) a class index outside ``[0, C)``, raises ValueError.
     """
-    if validate.is_real(smoothing):
-        validate.real("smoothing", smoothing, minimum=0.0, maximum=1.0)
+    if isinstance(smoothing, Tensor):
+        if smoothing.dim() != 0:
+            raise ValueError(f"smoothing of shape {tuple(smoothing.shape)}: expected a number or a 0-d tensor")
+    else:
+        smoothing = validate.real("smoothing", smoothing, minimum=0.0, maximum=1.0)
     dim = class_dimension(logits, target)
     num_classes = logits.shape[dim]
     if target.dim() == logits.dim() and not target.is_floating_point():
@@ -56,6 +60,12 @@ class LabelSmoothing(Algorithm):
 
     def __post_init__(self) -> None:
         validate.real("smoothing", self.smoothing, minimum=0.0, maximum=1.0)
+        validate.batch_key("target_key", self.target_key)
+        if self.smoothing == 0:
+            warn_changes_nothing(
+                "LabelSmoothing(smoothing=0) changes nothing: the smoothed targets are the one-hot targets; use "
+                "smoothing > 0 (Composer's default is 0.1) or leave LabelSmoothing out"
+            )
 
     def traced_hooks(self, plan_key: Hashable = ()) -> Mapping[Event, Hook]:
         return {Event.BEFORE_LOSS: self._smooth, Event.AFTER_LOSS: self._restore}

@@ -21,6 +21,7 @@ from typing import Any
 
 from torch import nn
 
+from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Capabilities, register
 from composer_fn.core.time import Timestamp
@@ -29,7 +30,13 @@ __all__ = ["LayerFreezing", "freeze_layers", "freeze_schedule", "freezable_layer
 
 
 def freeze_schedule(current_duration: float, freeze_start: float = 0.5, freeze_level: float = 1.0) -> float:
-    """Returns the fraction of layers frozen at ``current_duration``: 0 until ``freeze_start``, then linear to ``freeze_level``."""
+    """Returns the fraction of layers frozen at ``current_duration``: 0 until ``freeze_start``, then linear to ``freeze_level``.
+
+    ``current_duration`` is the fraction of the run done, in [0, 1]; ``freeze_start`` lies in [0, 1) and
+    ``freeze_level`` in [0, 1].
+    """
+    validate.real("current_duration", current_duration, minimum=0.0, maximum=1.0, hint="the fraction of the run done")
+    _check(freeze_start, freeze_level)
     if current_duration <= freeze_start:
         return 0.0
     return freeze_level * (current_duration - freeze_start) / (1.0 - freeze_start)
@@ -41,6 +48,8 @@ def freezable_layers(model: nn.Module) -> list[str]:
     Depth first, in definition order; a module with submodules is searched and its own parameters are not
     counted, as in Composer.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model of type {type(model).__name__}: expected a torch.nn.Module")
     layers: list[str] = []
 
     def visit(name: str, module: nn.Module) -> None:
@@ -63,7 +72,8 @@ def freeze_layers(
     Composer's ``freeze_layers`` without its side effects: nothing is changed; hand the names to the step
     (``make_train_step(frozen=...)``) to freeze them.
     """
-    validate.real("current_duration", current_duration, minimum=0.0, maximum=1.0)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model of type {type(model).__name__}: expected a torch.nn.Module")
     fraction = freeze_schedule(current_duration, freeze_start, freeze_level)
     depth = int(fraction * len(freezable_layers(model)[:-1]))
     return _frozen_names(model, fraction), depth, fraction
@@ -83,9 +93,12 @@ class LayerFreezing(Algorithm):
     freeze_level: float = 1.0
 
     def __post_init__(self) -> None:
-        hint = "freezing needs time to happen"
-        validate.real("freeze_start", self.freeze_start, minimum=0.0, maximum=1.0, open_above=True, hint=hint)
-        validate.real("freeze_level", self.freeze_level, minimum=0.0, maximum=1.0)
+        _check(self.freeze_start, self.freeze_level)
+        if self.freeze_level == 0:
+            warn_changes_nothing(
+                "LayerFreezing(freeze_level=0) changes nothing: no layer is ever frozen; use freeze_level > 0 "
+                "(Composer's default is 1.0) or leave LayerFreezing out"
+            )
 
     def _fraction(self, timestamp: Timestamp) -> float:
         # Composer freezes at EPOCH_END: the schedule reads the elapsed fraction of the last finished epoch.
@@ -103,6 +116,12 @@ class LayerFreezing(Algorithm):
         if fraction <= 0.0 or not isinstance(module, nn.Module):
             return frozenset()
         return _frozen_names(module, fraction)
+
+
+def _check(freeze_start: object, freeze_level: object) -> None:
+    hint = "freezing needs time to happen"
+    validate.real("freeze_start", freeze_start, minimum=0.0, maximum=1.0, open_above=True, hint=hint)
+    validate.real("freeze_level", freeze_level, minimum=0.0, maximum=1.0, hint="the fraction of layers frozen at the end")
 
 
 @functools.lru_cache(maxsize=64)

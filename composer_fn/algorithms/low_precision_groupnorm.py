@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composer_fn.algorithms._autocast import low_precision_forward
-from composer_fn.algorithms._surgery import Surgery, matching_modules, replaced, shared_copy
+from composer_fn.algorithms._surgery import Surgery, check_model, matching_modules, replaced, shared_copy
 from composer_fn.core.algorithm import register
 from composer_fn.core.state import PRECISIONS
 
@@ -92,6 +92,7 @@ def apply_low_precision_groupnorm(model: nn.Module, precision: str | None = None
     ``apply_low_precision_layernorm`` does the same). A model without group norms is returned as a copy with a
     warning.
     """
+    check_model(model)
     if precision is not None and precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r} must be None or one of {', '.join(PRECISIONS)}")
     if precision == "fp32":

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor
 
 from composer_fn.algorithms._keys import check_key
-from composer_fn.algorithms._label_mixing import LabelMixing
+from composer_fn.algorithms._label_mixing import LabelMixing, check_batch, check_indices, check_num_classes
+from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.algorithms._targets import ensure_targets_one_hot
 from composer_fn.core import random as R
 from composer_fn.core import validate
@@ -72,8 +73,7 @@ def mixup_params(key: R.Key, batch_size: int, *, alpha: float = 0.2, per_sample:
     ``per_sample`` draws one mixing weight per example (``[B]``) instead of one for the batch (0-d).
     """
     check_key(key)
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be positive")
+    batch_size = validate.integer("batch_size", batch_size, minimum=1)
     if per_sample:
         mixing = draw_mixing_per_sample(R.to_host(key), alpha, batch_size)
     else:
@@ -83,7 +83,7 @@ def mixup_params(key: R.Key, batch_size: int, *, alpha: float = 0.2, per_sample:
 
 def _weight(mixing: Tensor | float, like: Tensor) -> Tensor | float:
     if not isinstance(mixing, Tensor):
-        return mixing
+        return validate.probability("mixing", mixing, hint="the weight of the permuted example")
     if mixing.dim() == 1:
         # One weight per example, broadcast over the example's other dimensions.
         return mixing.to(like.dtype).reshape((-1,) + (1,) * (like.dim() - 1))
@@ -97,12 +97,17 @@ def mixup_apply(input: Tensor, indices: Tensor, mixing: Tensor | float) -> Tenso
     """
     if not input.is_floating_point():
         raise TypeError(f"input of dtype {input.dtype}: MixUp needs floating-point inputs")
+    if input.dim() == 0:
+        raise ValueError("input of shape (): expected a batch [B, ...]")
+    check_indices(indices, input.shape[0], "input")
     # index_select rather than input[indices]: the same values, a third of the time on the CPU.
     return torch.lerp(input, input.index_select(0, indices.to(input.device)), _weight(mixing, input))
 
 
 def mixup_targets(target: Tensor, indices: Tensor, mixing: Tensor | float, num_classes: int) -> Tensor:
     """Returns ``(1 - mixing) * y + mixing * y[indices]`` with ``y`` the one-hot (or soft) targets."""
+    check_num_classes(num_classes)
+    check_indices(indices, target.shape[0] if target.dim() else 0, "target")
     probabilities = ensure_targets_one_hot(target, num_classes)
     permuted = probabilities.index_select(0, indices.to(probabilities.device))
     return torch.lerp(probabilities, permuted, _weight(mixing, probabilities))
@@ -128,6 +133,9 @@ def mixup_batch(
     """
     if key is not None:
         check_key(key)
+    if num_classes is not None:
+        check_num_classes(num_classes)
+    check_batch(input, target)
     batch_size = input.shape[0]
     if (mixing is None or indices is None) and key is None:
         raise ValueError("key is required unless both mixing= and indices= are given")
@@ -148,8 +156,11 @@ def mixup_batch(
     if indices.shape != (batch_size,):
         raise ValueError(f"indices of shape {tuple(indices.shape)}: expected ({batch_size},), one per example")
     if num_classes is None:
-        if not target.is_floating_point():
-            raise ValueError("num_classes is required when target holds class indices")
+        if not target.is_floating_point() or target.dim() < 2:
+            raise ValueError(
+                f"num_classes is required when target holds class indices (target of shape {tuple(target.shape)} "
+                f"and dtype {target.dtype}); probability targets [B, C, ...] give it themselves"
+            )
         num_classes = target.shape[1]
     mixing_t = mixing_t.to(input.device)
     return mixup_apply(input, indices, mixing_t), mixup_targets(target, indices, mixing_t, num_classes), mixing_t
@@ -177,6 +188,14 @@ class MixUp(LabelMixing[MixUpParams]):
     per_sample: bool = False
     input_key: int | str = 0
     target_key: int | str = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.alpha == 0:
+            warn_changes_nothing(
+                "MixUp(alpha=0) changes nothing: a Beta(0, 0) draw gives every batch a mixing weight of 0, so the "
+                "inputs and targets stay as they are; use alpha > 0 (Composer's default is 0.2) or leave MixUp out"
+            )
 
     def draw(self, key: R.HostKey, batch_size: int | None) -> Tensor:
         if batch_size is None:

@@ -21,10 +21,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from composer_fn.algorithms._keys import check_key
+from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, register
 from composer_fn.core.event import Event
+from composer_fn.core.host import readable_on_host
 from composer_fn.core.state import BatchMeta, State, StepCtx, batch_get, batch_set
 from composer_fn.core.time import Timestamp
 
@@ -47,11 +49,24 @@ def progressive_scale(
     elapsed: float, *, initial_scale: float = 0.5, delay_fraction: float = 0.5, finetune_fraction: float = 0.2
 ) -> float:
     """Returns the scale after ``elapsed`` of the run: flat, then linear to 1, then 1 (Composer's schedule)."""
+    validate.real("elapsed", elapsed, minimum=0.0, maximum=1.0, hint="a fraction of the run")
+    _check_schedule(initial_scale, delay_fraction, finetune_fraction)
     if elapsed < delay_fraction:
         return initial_scale
     ramp = 1.0 - finetune_fraction - delay_fraction
     progress = 1.0 if ramp <= 0 else min((elapsed - delay_fraction) / ramp, 1.0)
     return initial_scale + (1.0 - initial_scale) * progress
+
+
+def _check_schedule(initial_scale: object, delay_fraction: object, finetune_fraction: object) -> None:
+    validate.real("initial_scale", initial_scale, minimum=0.0, maximum=1.0, open_below=True)
+    validate.real("delay_fraction", delay_fraction, minimum=0.0, maximum=1.0)
+    validate.real("finetune_fraction", finetune_fraction, minimum=0.0, maximum=1.0)
+    if delay_fraction + finetune_fraction > 1:  # type: ignore[operator]
+        raise ValueError(
+            f"delay_fraction={delay_fraction!r} with finetune_fraction={finetune_fraction!r}: each must lie in "
+            "[0, 1] and their sum may not exceed 1"
+        )
 
 
 def pinned_size(height: int, width: int, scale: float, size_increment: int = 4) -> tuple[int, int]:
@@ -60,6 +75,10 @@ def pinned_size(height: int, width: int, scale: float, size_increment: int = 4) 
     The height keeps the aspect ratio (rounded down). Unlike Composer, a width that would round to zero is
     held at one increment (capped at the full width), so small images never vanish.
     """
+    height = validate.integer("height", height, minimum=1)
+    width = validate.integer("width", width, minimum=1)
+    scale = validate.real("scale", scale, minimum=0.0, open_below=True, hint="a fraction of the image's size")
+    size_increment = validate.integer("size_increment", size_increment, minimum=1)
     if scale >= 1.0:
         return height, width
     pinned = round(width * scale / size_increment) * size_increment
@@ -80,11 +99,10 @@ def crop_params(key: R.Key, height: int, width: int, crop_height: int, crop_widt
     Every position that keeps the crop inside the image is possible, the last one included.
     """
     check_key(key)
-    if not (0 < crop_height <= height and 0 < crop_width <= width):
-        raise ValueError(
-            f"crop of {crop_height}x{crop_width} does not fit an image of {height}x{width}: expected "
-            "0 < crop size <= image size"
-        )
+    height = validate.integer("height", height, minimum=1)
+    width = validate.integer("width", width, minimum=1)
+    crop_height = validate.integer("crop_height", crop_height, minimum=1, maximum=height, hint="at most the height")
+    crop_width = validate.integer("crop_width", crop_width, minimum=1, maximum=width, hint="at most the width")
     top = R.randint(R.fold_in(key, 0), 0, height - crop_height + 1, ())
     left = R.randint(R.fold_in(key, 1), 0, width - crop_width + 1, ())
     return CropParams(top, left)
@@ -92,6 +110,18 @@ def crop_params(key: R.Key, height: int, width: int, crop_height: int, crop_widt
 
 def crop_apply(images: Tensor, params: CropParams, crop_height: int, crop_width: int) -> Tensor:
     """Returns ``images[..., top:top + crop_height, left:left + crop_width]`` (one crop for the whole batch)."""
+    if images.dim() < 2:
+        raise ValueError(f"images of shape {tuple(images.shape)}: expected [..., H, W]")
+    hint_height, hint_width = f"at most the images' height {images.shape[-2]}", f"at most their width {images.shape[-1]}"
+    crop_height = validate.integer("crop_height", crop_height, minimum=1, maximum=images.shape[-2], hint=hint_height)
+    crop_width = validate.integer("crop_width", crop_width, minimum=1, maximum=images.shape[-1], hint=hint_width)
+    if readable_on_host(params.top) and readable_on_host(params.left):
+        top, left = int(params.top), int(params.left)
+        if not (0 <= top <= images.shape[-2] - crop_height and 0 <= left <= images.shape[-1] - crop_width):
+            raise ValueError(
+                f"params (top={top}, left={left}) put a {crop_height}x{crop_width} crop outside images of shape "
+                f"{tuple(images.shape)}: draw them with crop_params for this size"
+            )
     rows = params.top.to(images.device) + torch.arange(crop_height, device=images.device)
     columns = params.left.to(images.device) + torch.arange(crop_width, device=images.device)
     return images.index_select(-2, rows).index_select(-1, columns)
@@ -99,6 +129,10 @@ def crop_apply(images: Tensor, params: CropParams, crop_height: int, crop_width:
 
 def resize_apply(images: Tensor, height: int, width: int) -> Tensor:
     """Returns ``images`` ``[N, C, H, W]`` resized to ``height`` x ``width`` by nearest-neighbour interpolation."""
+    if images.dim() < 3:
+        raise ValueError(f"images of shape {tuple(images.shape)}: expected [N, C, H, W] (or [N, H, W])")
+    height = validate.integer("height", height, minimum=1)
+    width = validate.integer("width", width, minimum=1)
     if images.shape[-2:] == (height, width):
         return images
     return F.interpolate(images, size=(height, width), mode="nearest")
@@ -167,8 +201,13 @@ def resize_batch(
         raise ValueError(f"input of shape {tuple(input.shape)}: expected at least [N, H, W] to resize")
     if resize_targets and target.dim() < 3:
         raise ValueError(f"target of shape {tuple(target.shape)}: resize_targets needs [N, H, W] or [N, C, H, W]")
-    if not scale_factor > 0:
-        raise ValueError(f"scale_factor={scale_factor!r} must be positive")
+    if resize_targets and target.shape[0] != input.shape[0]:
+        raise ValueError(
+            f"target of shape {tuple(target.shape)} does not fit input of shape {tuple(input.shape)}: "
+            f"resize_targets needs one target per image, {input.shape[0]} along dim 0"
+        )
+    validate.flag("resize_targets", resize_targets)
+    scale_factor = validate.real("scale_factor", scale_factor, minimum=0.0, open_below=True)
     if mode == "crop" and key is None and scale_factor < 1:
         raise ValueError("mode='crop' draws the crop's corner: pass key=")
     if scale_factor >= 1:
@@ -191,7 +230,8 @@ class ProgressiveResizing(Algorithm):
         delay_fraction: the fraction of the run before the scale starts to rise.
         size_increment: the width is a multiple of this.
         resize_targets: also resize the targets (segmentation).
-        input_key, target_key: where input and target sit in the batch.
+        input_key: where the input sits in the batch.
+        target_key: where the target sits in the batch.
     """
 
     mode: ResizeMode = "resize"
@@ -205,14 +245,16 @@ class ProgressiveResizing(Algorithm):
 
     def __post_init__(self) -> None:
         validate.choice("mode", self.mode, MODES)
-        validate.real("initial_scale", self.initial_scale, minimum=0.0, maximum=1.0, open_below=True)
-        validate.real("finetune_fraction", self.finetune_fraction, minimum=0.0, maximum=1.0)
-        if not 0 <= self.delay_fraction <= 1 or self.delay_fraction + self.finetune_fraction > 1:
-            raise ValueError(
-                f"delay_fraction={self.delay_fraction!r} with finetune_fraction={self.finetune_fraction!r}: "
-                "each must lie in [0, 1] and their sum may not exceed 1"
-            )
+        _check_schedule(self.initial_scale, self.delay_fraction, self.finetune_fraction)
         validate.integer("size_increment", self.size_increment, minimum=1)
+        validate.flag("resize_targets", self.resize_targets)
+        validate.batch_key("input_key", self.input_key)
+        validate.batch_key("target_key", self.target_key)
+        if self.initial_scale == 1:
+            warn_changes_nothing(
+                "ProgressiveResizing(initial_scale=1) changes nothing: the images start at full size and stay "
+                "there; use initial_scale < 1 (Composer's default is 0.5) or leave ProgressiveResizing out"
+            )
 
     def scale(self, timestamp: Timestamp) -> float:
         """Returns the unpinned scale at ``timestamp`` (from ``timestamp.elapsed``)."""

@@ -21,6 +21,7 @@ from torch import Tensor
 from composer_fn.algorithms import _augment as ops
 from composer_fn.algorithms._batch_transform import BatchTransform
 from composer_fn.algorithms._keys import check_key
+from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
@@ -57,8 +58,7 @@ def randaugment_params(
     """Returns the ops and strengths for ``batch_size`` images, drawn from ``key`` on the key's device."""
     check_key(key)
     _check(severity, depth, augmentation_set)
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be positive")
+    batch_size = validate.integer("batch_size", batch_size, minimum=1)
     # One stream of words for every draw (each eager sampler call is tens of small ops): per image and step,
     # the first word picks the op, the next four give its strength and sign; the same arithmetic as
     # R.randint and R.uniform.
@@ -176,6 +176,12 @@ class RandAugment(BatchTransform):
 
     def __post_init__(self) -> None:
         _check(self.severity, self.depth, self.augmentation_set)
+        validate.batch_key("input_key", self.input_key)
+        if self.depth == 0:
+            warn_changes_nothing(
+                "RandAugment(depth=0) changes nothing: each image goes through 0 ops; use depth >= 1 (Composer's "
+                "default is 2) or leave RandAugment out"
+            )
 
     def transform(self, key: R.Key, input: Tensor) -> Tensor:
         # The values of a traced batch cannot be read; the Trainer checks the first batch's range instead.

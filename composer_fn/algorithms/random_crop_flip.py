@@ -20,6 +20,7 @@ from torch import Tensor
 from composer_fn.algorithms._augment.inputs import on_pil_or_tensor
 from composer_fn.algorithms._batch_transform import BatchTransform
 from composer_fn.algorithms._keys import check_key
+from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
@@ -48,8 +49,9 @@ class RandomCropFlipParams(NamedTuple):
 def random_crop_flip_params(key: R.Key, batch_size: int, *, padding: int = 4, flip_p: float = 0.5) -> RandomCropFlipParams:
     """Returns the offsets and flips of ``batch_size`` images, drawn from ``key``."""
     check_key(key)
-    validate.integer("batch_size", batch_size, minimum=1)
+    batch_size = validate.integer("batch_size", batch_size, minimum=1)
     _check(padding, flip_p)
+    padding = int(padding)
     offsets = R.randint(R.fold_in(key, 0), 0, 2 * padding + 1, (batch_size, 2))
     flips = R.uniform(R.fold_in(key, 1), (batch_size,)) < flip_p
     return RandomCropFlipParams(offsets, flips)
@@ -63,6 +65,7 @@ def random_crop_flip_apply(
     if input.dim() != 4:
         raise ValueError(f"input of shape {tuple(input.shape)}: expected a batch of images [B, C, H, W]")
     validate.choice("padding_mode", padding_mode, PADDING_MODES)
+    padding = validate.integer("padding", padding, minimum=0, hint="pixels added on each side before the crop")
     batch, _, height, width = input.shape
     offsets, flips = params.offsets.to(input.device), params.flips.to(input.device)
     if offsets.shape != (batch, 2) or flips.shape != (batch,):
@@ -148,6 +151,12 @@ class RandomCropFlip(BatchTransform):
         _check(self.padding, self.flip_p)
         validate.real("fill", self.fill)
         validate.choice("padding_mode", self.padding_mode, PADDING_MODES)
+        validate.batch_key("input_key", self.input_key)
+        if self.padding == 0 and self.flip_p == 0:
+            warn_changes_nothing(
+                "RandomCropFlip(padding=0, flip_p=0) changes nothing: a crop of an unpadded image is the image and "
+                "no image is flipped; use padding >= 1 or flip_p > 0, or leave RandomCropFlip out"
+            )
 
     def transform(self, key: R.Key, input: Tensor) -> Tensor:
         params = random_crop_flip_params(key, input.shape[0], padding=self.padding, flip_p=self.flip_p)

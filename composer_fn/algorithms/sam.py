@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, register
 from composer_fn.core.event import Event
@@ -40,9 +41,24 @@ def _check(rho: float, epsilon: float) -> None:
     validate.real("epsilon", epsilon, minimum=0.0, open_below=True, hint=hint)
 
 
+def _check_gradients(grads: object) -> None:
+    if not isinstance(grads, Mapping):
+        raise TypeError(f"grads of type {type(grads).__name__}: expected a mapping of parameter names to gradients")
+    if not grads:
+        raise ValueError("grads={}: expected at least one gradient (a mapping of parameter names to gradients)")
+    for name, grad in grads.items():
+        if not isinstance(grad, Tensor) or not (grad.is_floating_point() or grad.is_complex()):
+            shown = f"of dtype {grad.dtype}" if isinstance(grad, Tensor) else f"of type {type(grad).__name__}"
+            raise TypeError(f"grads[{name!r}] {shown}: expected a floating-point tensor")
+
+
 def sam_perturbation(grads: Mapping[str, Tensor], rho: float = 0.05, epsilon: float = 1e-12) -> dict[str, Tensor]:
-    """Returns ``e = rho * g / (||g||_2 + epsilon)`` by parameter name, ``||g||_2`` the norm over all gradients."""
+    """Returns ``e = rho * g / (||g||_2 + epsilon)`` by parameter name, ``||g||_2`` the norm over all gradients.
+
+    ``grads`` must hold at least one floating-point tensor.
+    """
     _check(rho, epsilon)
+    _check_gradients(grads)
     names = tuple(grads)
     with torch.no_grad():
         tensors = [grads[name].detach() for name in names]
@@ -62,8 +78,20 @@ def sam_gradients(
 
     ``grads`` is the gradient ``g`` at ``params``; ``gradient_fn(params) -> (loss, grads)`` recomputes the loss
     of the same batch and its gradients (the step's ``ctx.gradient_fn``). Parameters without a gradient are
-    not moved. Nothing given is written to.
+    not moved; every gradient must belong to a parameter of its shape. Nothing given is written to.
     """
+    if not callable(gradient_fn):
+        raise TypeError(f"gradient_fn={gradient_fn!r} must be callable, gradient_fn(params) -> (loss, grads)")
+    _check_gradients(grads)
+    unknown = sorted(set(grads) - set(params))
+    if unknown:
+        raise ValueError(f"grads holds {unknown}, which params does not: every gradient must belong to a parameter")
+    for name, grad in grads.items():
+        if grad.shape != params[name].shape:
+            raise ValueError(
+                f"grads[{name!r}] of shape {tuple(grad.shape)} does not fit params[{name!r}] of shape "
+                f"{tuple(params[name].shape)}"
+            )
     perturbation = sam_perturbation(grads, rho, epsilon)
     moved = [name for name in params if name in perturbation]
     with torch.no_grad():
@@ -99,6 +127,11 @@ class SAM(Algorithm):
     def __post_init__(self) -> None:
         _check(self.rho, self.epsilon)
         validate.integer("interval", self.interval, minimum=1)
+        if self.rho == 0:
+            warn_changes_nothing(
+                "SAM(rho=0) changes nothing but the cost: the second gradient is taken at the same weights, so it "
+                "equals the first; use rho > 0 (Composer's default is 0.05) or leave SAM out"
+            )
 
     def match(self, event: Event, timestamp: Timestamp) -> bool:
         return is_sam_step(timestamp.batch, self.interval)

@@ -25,6 +25,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor
 
 from composer_fn.algorithms._keys import check_key
+from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, register
@@ -50,12 +51,18 @@ def should_selective_backprop(
 
     True inside ``[start, end)`` except on every ``interrupt``-th batch (``interrupt = 0``: every batch).
     """
+    validate.real("current_duration", current_duration, minimum=0.0, maximum=1.0, hint="a fraction of the run")
+    validate.integer("batch_idx", batch_idx, minimum=0)
+    _check_interval(start, end)
+    validate.integer("interrupt", interrupt, minimum=0)
     in_interval = start <= current_duration < end
     return in_interval and (interrupt == 0 or (batch_idx + 1) % interrupt != 0)
 
 
 def selection_weights(batch_size: int, keep: float) -> Tensor:
     """Returns the sampling probability of each loss rank (0 = lowest loss), in float64, summing to 1."""
+    batch_size = validate.integer("batch_size", batch_size, minimum=1)
+    keep = validate.real("keep", keep, minimum=0.0, maximum=1.0, open_below=True)
     ranks = (torch.arange(batch_size, dtype=torch.float64) + 0.5) / batch_size
     weights = ranks ** (1.0 / keep - 1.0)
     return weights / weights.sum()
@@ -65,8 +72,8 @@ def select_indices(key: R.Key, losses: Tensor, keep: float) -> Tensor:
     """Returns the indices of the ``int(keep * N)`` samples drawn by loss rank (see the module docstring)."""
     check_key(key)
     validate.real("keep", keep, minimum=0.0, maximum=1.0, open_below=True)
-    if losses.dim() != 1:
-        raise ValueError(f"losses of shape {tuple(losses.shape)}: expected one loss per sample, [N]")
+    if losses.dim() != 1 or losses.shape[0] == 0:
+        raise ValueError(f"losses of shape {tuple(losses.shape)}: expected one loss per sample, [N] with N >= 1")
     count = losses.shape[0]
     chosen = max(int(keep * count), 1)
     by_loss = torch.argsort(losses.float(), stable=True)
@@ -75,6 +82,13 @@ def select_indices(key: R.Key, losses: Tensor, keep: float) -> Tensor:
     scores = selection_weights(count, keep).to(losses.device).log() - torch.log(-torch.log(uniform))
     ranks = torch.topk(scores, chosen).indices
     return by_loss[ranks]
+
+
+def _check_interval(start: object, end: object) -> None:
+    validate.real("start", start, minimum=0.0, maximum=1.0, hint="a fraction of the run")
+    validate.real("end", end, minimum=0.0, maximum=1.0, hint="a fraction of the run")
+    if start > end:  # type: ignore[operator]
+        raise ValueError(f"start={start!r}, end={end!r}: expected 0 <= start <= end <= 1")
 
 
 def _take(batch: Any, indices: Tensor, size: int) -> Any:
@@ -124,6 +138,18 @@ def select_using_loss(
     check_key(key)
     validate.real("keep", keep, minimum=0.0, maximum=1.0, open_below=True)
     validate.real("scale_factor", scale_factor, minimum=0.0, maximum=1.0, open_below=True)
+    for name, value in (("input", input), ("target", target)):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{name} of type {type(value).__name__}: expected a tensor")
+    if input.dim() == 0 or input.shape[0] == 0:
+        raise ValueError(f"input of shape {tuple(input.shape)} holds no samples: expected [N, ...] with N >= 1")
+    if target.dim() == 0 or target.shape[0] != input.shape[0]:
+        raise ValueError(
+            f"target of shape {tuple(target.shape)} does not fit input of shape {tuple(input.shape)}: expected one "
+            f"target per sample, {input.shape[0]} along dim 0"
+        )
+    if not callable(model):
+        raise TypeError(f"model={model!r} must be callable, model(input) -> outputs")
     if not callable(loss_fun) or not _takes_reduction(loss_fun):
         raise TypeError(
             f"loss_fun={loss_fun!r} must take a reduction keyword, as loss_fun(outputs, target, reduction='none') "
@@ -133,6 +159,18 @@ def select_using_loss(
         losses = loss_fun(model(_downscale(input, scale_factor)), target, reduction="none")
         if losses.dim() > 1:
             losses = losses.flatten(1).mean(1)
+        if losses.shape != (input.shape[0],):
+            raise ValueError(
+                f"loss_fun={loss_fun!r} returned losses of shape {tuple(losses.shape)} with reduction='none': "
+                f"expected one loss per sample, ({input.shape[0]},)"
+            )
+        finite = torch.isfinite(losses)
+        if not bool(finite.all()):
+            sample = int((~finite).nonzero()[0])
+            raise ValueError(
+                f"loss_fun={loss_fun!r} gave a non-finite loss ({float(losses[sample])}) for sample {sample}: "
+                "selection by loss rank needs finite losses"
+            )
         indices = select_indices(key, losses, keep)
     return input.index_select(0, indices), target.index_select(0, indices)
 
@@ -148,7 +186,8 @@ class SelectiveBackprop(Algorithm):
         keep: the fraction of each pruned batch that is kept, in (0, 1].
         scale_factor: the input is downscaled by this for the scoring pass only, in (0, 1].
         interrupt: every ``interrupt``-th batch of the interval is not pruned (0: every batch is).
-        input_key, target_key: where input and target sit in the batch.
+        input_key: where the input sits in the batch.
+        target_key: where the target sits in the batch.
     """
 
     placement = "first"
@@ -164,10 +203,21 @@ class SelectiveBackprop(Algorithm):
 
     def __post_init__(self) -> None:
         validate.real("keep", self.keep, minimum=0.0, maximum=1.0, open_below=True)
-        if not 0 <= self.start <= self.end <= 1:
-            raise ValueError(f"start={self.start!r}, end={self.end!r}: expected 0 <= start <= end <= 1")
+        _check_interval(self.start, self.end)
         validate.real("scale_factor", self.scale_factor, minimum=0.0, maximum=1.0, open_below=True)
         validate.integer("interrupt", self.interrupt, minimum=0)
+        validate.batch_key("input_key", self.input_key)
+        validate.batch_key("target_key", self.target_key)
+        if self.keep == 1:
+            warn_changes_nothing(
+                "SelectiveBackprop(keep=1) changes nothing: every sample of a batch is kept, so no batch is pruned; "
+                "use keep < 1 (Composer's default is 0.5) or leave SelectiveBackprop out"
+            )
+        elif self.start == self.end:
+            warn_changes_nothing(
+                f"SelectiveBackprop(start={self.start!r}, end={self.end!r}) changes nothing: the interval "
+                "[start, end) in which batches are pruned is empty; use start < end"
+            )
 
     def match(self, event: Event, timestamp: Timestamp) -> bool:
         return self.keep < 1 and should_selective_backprop(

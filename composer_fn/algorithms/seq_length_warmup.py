@@ -32,11 +32,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.algorithms._timing import stored_time
 from composer_fn.core import validate
-from composer_fn.core.algorithm import Algorithm, Hook, register
+from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
 from composer_fn.core.event import Event
-from composer_fn.core.state import BatchMeta, State, StepCtx
+from composer_fn.core.state import BatchMeta, State, Static, StepCtx
 from composer_fn.core.time import Time, Timestamp, TimeUnit
 
 __all__ = ["SeqLengthWarmup", "set_batch_sequence_length", "warmup_sequence_length"]
@@ -71,9 +72,9 @@ def set_batch_sequence_length(
 ) -> Any:
     """Returns ``batch`` with every tensor's sequence (dim 1) of length ``curr_seq_len``; ``batch`` is unchanged.
 
-    ``batch`` is a mapping, tuple or list (a NamedTuple stays one) of tensors ``[B, S, ...]``. The batch's
-    length ``S`` is dim 1 of its first tensor of two or more dimensions; when ``curr_seq_len >= S`` the batch
-    is returned as it is. A floating-point tensor of four or more dimensions marks an image batch, which
+    ``batch`` is a mapping, tuple or list (a NamedTuple stays one) of tensors ``[B, S, ...]``. Every tensor of
+    two or more dimensions must have the same ``B`` and ``S`` (tokens and their labels are cut alike, so
+    sequences of different lengths are refused); when ``curr_seq_len >= S`` the batch is returned as it is. A floating-point tensor of four or more dimensions marks an image batch, which
     raises ValueError rather than pass through unchanged.
 
     - ``truncate=True``: every tensor becomes ``t[:, :curr_seq_len]``. With ``preserve_end_of_sequence``, the
@@ -85,7 +86,9 @@ def set_batch_sequence_length(
       same position in two tensors (an input and its label) stay together. ``preserve_end_of_sequence`` is
       ignored.
     """
-    validate.integer("curr_seq_len", curr_seq_len, minimum=1)
+    curr_seq_len = validate.integer("curr_seq_len", curr_seq_len, minimum=1)
+    validate.flag("truncate", truncate)
+    validate.flag("preserve_end_of_sequence", preserve_end_of_sequence)
     names, tensors = _items(batch)
     for name, tensor in zip(names, tensors, strict=True):
         if tensor.is_floating_point() and tensor.dim() >= 4:
@@ -94,7 +97,16 @@ def set_batch_sequence_length(
                 "sequence length warmup cuts token sequences [batch, sequence, ...] and would leave images as they "
                 "are; use it with sequence models only"
             )
-    sequence_length = next((t.shape[1] for t in tensors if t.dim() > 1), 0)
+    sequences = [(name, tensor) for name, tensor in zip(names, tensors, strict=True) if tensor.dim() > 1]
+    for name, tensor in sequences[1:]:
+        first_name, first = sequences[0]
+        if tensor.shape[:2] != first.shape[:2]:
+            raise ValueError(
+                f"batch item {name!r} has shape {tuple(tensor.shape)} and batch item {first_name!r} "
+                f"{tuple(first.shape)}: every sequence tensor must have the same batch size and length (dims 0 "
+                "and 1), so that cutting them keeps each token with its label"
+            )
+    sequence_length = sequences[0][1].shape[1] if sequences else 0
     if curr_seq_len >= sequence_length:
         return batch
     if truncate:
@@ -220,6 +232,35 @@ class SeqLengthWarmup(Algorithm):
         _parsed_duration(duration)
         object.__setattr__(self, "duration", duration)
         _check_lengths(self.min_seq_length, self.max_seq_length, self.step_size)
+        validate.flag("truncate", self.truncate)
+        validate.flag("preserve_end_of_sequence", self.preserve_end_of_sequence)
+
+    def host_hooks(self) -> Mapping[Event, HostHook]:
+        return {Event.BATCH_START: self._check_data_length}
+
+    def match(self, event: Event, timestamp: Timestamp) -> bool:
+        # The data's length is first known at the run's first batch: it is checked there, once.
+        return event is not Event.BATCH_START or timestamp.batch == 0
+
+    def _check_data_length(
+        self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
+    ) -> tuple[Static, State]:
+        if meta is None or len(meta.input_shape) < 2:
+            return static, state
+        length = meta.input_shape[1]
+        if self.min_seq_length >= length:
+            warn_changes_nothing(
+                f"SeqLengthWarmup(min_seq_length={self.min_seq_length}) changes nothing: the data's sequences "
+                f"hold {length} tokens, no more than the warm-up's shortest length, so no batch is shortened; "
+                f"use min_seq_length < {length} or leave SeqLengthWarmup out"
+            )
+        elif self.max_seq_length < length:
+            warn_changes_nothing(
+                f"SeqLengthWarmup(max_seq_length={self.max_seq_length}) never reaches the data's sequence length "
+                f"of {length} tokens: every batch of the run, after the warm-up too, is cut to at most "
+                f"{self.max_seq_length} tokens; set max_seq_length={length} to train on whole sequences after it"
+            )
+        return static, state
 
     def sequence_length(self, timestamp: Timestamp) -> int:
         """Returns the length the warm-up gives batches at ``timestamp``."""

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import is_fake
 
+from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.algorithms._surgery import Surgery, replace_modules, warn_nothing_to_replace
 from composer_fn.algorithms._timing import stored_time
 from composer_fn.core import random as R
@@ -126,6 +127,7 @@ class StochasticBranch(nn.Module):
         self.train(layer.training)
 
     def extra_repr(self) -> str:
+        """Returns the hyperparameters ``repr`` shows."""
         return f"stochastic_method={self.stochastic_method!r}, block_decides={self.block_decides}"
 
     def keep_mask(self, shape: tuple[int, ...] = ()) -> Tensor:
@@ -179,6 +181,7 @@ class StochasticBlock(nn.Module):
         return F.relu(shortcut(x))
 
     def forward(self, x: Tensor) -> Tensor:
+        """Returns the block's output, its branch dropped by its keep mask in training with ``'block'``."""
         branch = getattr(self, self.branch_layer)
         if not (self.training and isinstance(branch, StochasticBranch) and branch.stochastic_method == "block"):
             return super().forward(x)
@@ -261,7 +264,8 @@ def drop_rates(
     drop_rate: float, count: int, drop_distribution: DropDistribution = "linear"
 ) -> tuple[float, ...]:
     """Returns the rates of ``count`` blocks in depth order: ``drop_rate · (l+1)/count`` (linear) or ``drop_rate``."""
-    validate.probability("drop_rate", drop_rate)
+    drop_rate = validate.probability("drop_rate", drop_rate)
+    count = validate.integer("count", count, minimum=0, hint="the number of blocks")
     validate.choice("drop_distribution", drop_distribution, DROP_DISTRIBUTIONS)
     if drop_distribution == "uniform":
         return (float(drop_rate),) * count
@@ -379,7 +383,9 @@ def warmup_factor(drop_warmup: float | str, timestamp: Timestamp) -> float:
     ``drop_warmup`` is a fraction of the run (a float or ``'0.1dur'``) or a number of batches (``'500ba'``);
     zero means no warm-up (factor 1).
     """
-    warmup = _parsed_warmup(drop_warmup)
+    if not isinstance(timestamp, Timestamp):
+        raise TypeError(f"timestamp of type {type(timestamp).__name__}: expected a composer_fn.Timestamp")
+    warmup = _parsed_warmup(stored_time("drop_warmup", drop_warmup, "500ba"))
     if warmup.value == 0:
         return 1.0
     batches = _warmup_batches(warmup, timestamp)
@@ -422,6 +428,11 @@ class StochasticDepth(Surgery):
         _parsed_warmup(warmup)
         # One canonical, JSON-friendly form, so equal warm-ups are equal records.
         object.__setattr__(self, "drop_warmup", warmup)
+        if self.drop_rate == 0:
+            warn_changes_nothing(
+                "StochasticDepth(drop_rate=0) changes nothing: no block is ever dropped; use drop_rate > 0 "
+                "(Composer's default is 0.2) or leave StochasticDepth out"
+            )
 
     @property
     def _warms_up(self) -> bool:

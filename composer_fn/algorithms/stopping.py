@@ -7,11 +7,14 @@ value so far, when it was seen) in ``State.algos``, so a resumed run stops where
 The run then ends at that batch as if it were ``max_duration``: FIT_END, the final checkpoint and evaluation
 follow. ``monitor`` is the metric's name within its evaluator (``loss``, ``accuracy``, a torchmetrics
 metric's name: read as ``eval/<label>/<monitor>``) or in the training record (``loss``, a monitor's
-``throughput/samples_per_second``); a name starting ``eval/`` is read as it is.
+``throughput/samples_per_second``); a name starting ``eval/`` is read as it is. When the trainer is built, a
+monitor the run never logs where the stopper reads it, or a ``ThresholdStopper`` threshold its metric's range
+cannot reach (above 1 for an accuracy), is refused.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -65,6 +68,31 @@ def _value(metrics: Mapping[str, float], monitor: str, name: str, where: str) ->
     return value if math.isfinite(value) else None
 
 
+def _logged_name(monitor: str, where: str) -> str:
+    return monitor if where == "train" or monitor.startswith("eval/") else f"eval/{where}/{monitor}"
+
+
+def _range(
+    name: str, monitor: str, where: str, logged: Mapping[str, tuple[float, float]]
+) -> tuple[float, float]:
+    # The range of the watched metric among the names the run logs there; a name it never logs is refused.
+    full = _logged_name(monitor, where)
+    if full in logged:
+        return logged[full]
+    if any(fnmatch.fnmatchcase(full, pattern) for pattern in logged):
+        return (-math.inf, math.inf)
+    checks = "its log steps (dataloader_label='train')" if where == "train" else f"the evaluations of {where!r}"
+    hint = (
+        f": an evaluator's metric is read after its evaluations, so pass dataloader_label={monitor.split('/')[1]!r}"
+        if where == "train" and monitor.startswith("eval/") and monitor.count("/") >= 2
+        else ""
+    )
+    raise ValueError(
+        f"{name}(monitor={monitor!r}) reads {full!r}, which the run never logs at {checks}; it logs "
+        f"{', '.join(sorted(logged))}{hint}"
+    )
+
+
 def _patience(patience: int | str) -> tuple[int, TimeUnit | None]:
     # A number of checks, or a span of batches or epochs.
     if isinstance(patience, str):
@@ -108,7 +136,10 @@ class EarlyStopper(Algorithm):
         return torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(stops=self._stops, watches=self.dataloader_label)
+        return Capabilities(stops=self._stops, watches=self.dataloader_label, checks_logged=self._checks_logged)
+
+    def _checks_logged(self, logged: Mapping[str, tuple[float, float]]) -> None:
+        _range("EarlyStopper", self.monitor, self.dataloader_label, logged)
 
     def _stops(self, entry: Any, metrics: Mapping[str, float], where: str, timestamp: Timestamp) -> tuple[Any, bool]:
         if where != self.dataloader_label:
@@ -151,7 +182,20 @@ class ThresholdStopper(Algorithm):
         validate.real("threshold", self.threshold)
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(stops=self._stops, watches=self.dataloader_label)
+        return Capabilities(stops=self._stops, watches=self.dataloader_label, checks_logged=self._checks_logged)
+
+    def _checks_logged(self, logged: Mapping[str, tuple[float, float]]) -> None:
+        # A bounded metric (accuracy in [0, 1]) cannot reach a threshold beyond its bounds: the run would never stop.
+        low, high = _range("ThresholdStopper", self.monitor, self.dataloader_label, logged)
+        comp = _better(self.comp, self.monitor, reached=True)
+        best = high if comp in ("gt", "ge") else low
+        if not _compares(comp, best, self.threshold):
+            sign = {"lt": "<", "gt": ">", "le": "<=", "ge": ">="}[comp]
+            raise ValueError(
+                f"ThresholdStopper(threshold={self.threshold!r}): {_logged_name(self.monitor, self.dataloader_label)!r} "
+                f"lies in [{low:g}, {high:g}], so it never becomes {sign} {self.threshold!r} (comp={comp!r}) and the run "
+                f"would never stop; expected a threshold within [{low:g}, {high:g}]"
+            )
 
     def _stops(self, entry: Any, metrics: Mapping[str, float], where: str, timestamp: Timestamp) -> tuple[Any, bool]:
         if where != self.dataloader_label:

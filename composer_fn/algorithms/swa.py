@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import copy
 import functools
+import itertools
 import math
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
@@ -62,6 +63,14 @@ def swa_update(average: Mapping[str, Tensor], params: Mapping[str, Tensor], n_av
         )
     names = list(average)
     old, new = [average[n] for n in names], [params[n] for n in names]
+    for name, before, after in zip(names, old, new, strict=True):
+        if not (isinstance(before, Tensor) and isinstance(after, Tensor)):
+            raise TypeError(f"average[{name!r}] and params[{name!r}] must be tensors")
+        if before.shape != after.shape or before.dtype != after.dtype:
+            raise ValueError(
+                f"average[{name!r}] ({tuple(before.shape)}, {before.dtype}) and params[{name!r}] "
+                f"({tuple(after.shape)}, {after.dtype}) must have the same shape and dtype"
+            )
     if isinstance(n_averaged, Tensor):
         # 1 / (n + 1) is 1 for the first update, so the average starts as an exact copy of the weights.
         weight = 1.0 / (n_averaged.to(torch.float32) + 1.0)
@@ -80,12 +89,30 @@ def recompute_batchnorm(
     ``torch.optim.swa_utils.update_bn`` without its side effects: each BatchNorm's running mean and variance
     restart from 0 and 1 and become the cumulative average of the batch statistics over ``inputs`` (momentum
     None), in training mode, and ``num_batches_tracked`` counts the batches. Other buffers are returned as
-    given. ``module``, ``params`` and ``buffers`` are not modified; with no BatchNorm or no input the result
-    equals ``buffers``.
+    given. ``module``, ``params`` and ``buffers`` are not modified; with no BatchNorm the result equals
+    ``buffers``. ``inputs`` must yield at least one batch (checked before any statistic is reset), and
+    ``params`` and ``buffers`` may only name tensors of ``module``.
     """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module of type {type(module).__name__}: expected a torch.nn.Module")
+    for argument, given, known in (
+        ("params", params, dict(module.named_parameters())),
+        ("buffers", buffers, dict(module.named_buffers())),
+    ):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise ValueError(f"{argument} holds {unknown[:5]}, which module {type(module).__name__} does not have")
     norms = {name: m for name, m in module.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)}
     if not norms:
         return dict(buffers)
+    batches = iter(inputs)
+    first = next(batches, _NOTHING)
+    if first is _NOTHING:
+        raise ValueError(
+            f"inputs={inputs!r} yields no batch: recomputing the BatchNorm statistics needs at least one "
+            "(nothing was reset)"
+        )
+    inputs = itertools.chain((first,), batches)
     structure = copy.deepcopy(module).train()
     for name in norms:
         norm = structure.get_submodule(name)
@@ -101,6 +128,9 @@ def recompute_batchnorm(
         for input in inputs:
             functional_call(structure, (dict(params), fresh), (input,))
     return fresh
+
+
+_NOTHING = object()
 
 
 class _Events(NamedTuple):

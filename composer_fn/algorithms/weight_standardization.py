@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from composer_fn.algorithms._surgery import Surgery, replace_modules, warn_nothing_to_replace
+from composer_fn.algorithms._surgery import Surgery, check_model, replace_modules, warn_nothing_to_replace
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
 
@@ -41,7 +41,13 @@ EPSILON = 1e-10
 
 
 def standardize_weight(weight: Tensor) -> Tensor:
-    """Returns ``weight`` with each output channel (dim 0) shifted and scaled to mean 0 and variance 1."""
+    """Returns ``weight`` with each output channel (dim 0) shifted and scaled to mean 0 and variance 1.
+
+    ``weight`` is a floating-point convolution weight ``[out, in, ...]`` (two or more dimensions).
+    """
+    if not isinstance(weight, Tensor) or weight.dim() < 2 or not weight.is_floating_point():
+        shown = f"of shape {tuple(weight.shape)} and dtype {weight.dtype}" if isinstance(weight, Tensor) else repr(weight)
+        raise ValueError(f"weight {shown}: expected a floating-point weight [out, in, ...] of two or more dimensions")
     dims = tuple(range(1, weight.dim()))
     variance, mean = torch.var_mean(weight, dim=dims, keepdim=True, correction=0)
     return (weight - mean) / torch.sqrt(variance + EPSILON)
@@ -169,6 +175,7 @@ def apply_weight_standardization(module: nn.Module, n_last_layers_ignore: int = 
     The last ``n_last_layers_ignore`` convolutions (in calling order) stay plain. Composer's function edits the
     module in place and returns the count; count the ``WSConv*d`` modules of the result instead.
     """
+    check_model(module, "module")
     validate.integer("n_last_layers_ignore", n_last_layers_ignore, minimum=0)
     return _standardized(module, _targets(module, n_last_layers_ignore))
 

@@ -40,6 +40,10 @@ class Callback:
     """Whether the step should compute its gradient and update norms for this callback (``OptimizerMonitor``):
     the trainer then adds them to ``RunView.metrics`` at each log step."""
 
+    logs: tuple[str, ...] | None = None
+    """The names ``log_metrics`` may return (``fnmatch`` patterns, ``'throughput/*'``); None: not said, any name.
+    Stoppers watching the training record are checked against them when the trainer is built."""
+
     def log_metrics(self, view: RunView) -> Mapping[str, float]:
         """Returns numbers to add to this log step's training record (names with a ``/`` keep it)."""
         return {}

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import os
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -96,6 +97,8 @@ class SpeedMonitor(Callback):
             (no MFU on the CPU or an unknown device).
     """
 
+    logs = ("throughput/*", "time/step_ms")
+
     def __init__(self, window_size: int = 100, flops_per_sample: float | None = None, peak_flops: float | None = None):
         self.window_size = validate.integer("window_size", window_size, minimum=1, hint="batches")
         self.flops_per_sample = (
@@ -110,6 +113,7 @@ class SpeedMonitor(Callback):
         self._peak: float | None = None
 
     def fit_start(self, view: RunView) -> None:
+        """Starts the window at the run's first step and looks up the device's peak FLOP/s."""
         stamp = view.timestamp
         self._points = collections.deque([(time.perf_counter(), stamp.batch, stamp.sample, stamp.token)])
         self._peak = self.peak_flops if self.peak_flops is not None else _peak_flops(
@@ -146,6 +150,8 @@ class LRMonitor(Callback):
     """Logs ``lr``: the optimizer's base learning rate times the schedule's multiplier at the log step (the
     multiplier alone, as ``lr_multiplier``, is in every training record)."""
 
+    logs = ("lr",)
+
     def log_metrics(self, view: RunView) -> Mapping[str, float]:
         multiplier = view.metrics.get("lr_multiplier")
         if view.base_learning_rate is None or multiplier is None:
@@ -157,6 +163,8 @@ class MemoryMonitor(Callback):
     """Logs the CUDA allocator's current, peak and reserved bytes and its retries on a GPU, or the process's
     resident memory on the CPU: on Linux the kernel's count (``/proc/self/statm``, the figure psutil reports),
     read through a descriptor kept open for the run; elsewhere psutil's."""
+
+    logs = ("memory/*",)
 
     def __init__(self) -> None:
         self._rss: Callable[[], float] | None = None
@@ -203,13 +211,25 @@ class RuntimeEstimator(Callback):
         skip_batches: batches not counted at the start of each ``fit`` (compilation, warm-up).
     """
 
+    logs = ("time/remaining_seconds",)
+
     def __init__(self, skip_batches: int = 1) -> None:
         self.skip_batches = validate.integer("skip_batches", skip_batches, minimum=0, hint="batches")
         self._start: tuple[float, int] | None = None
         self._first = 0
 
     def fit_start(self, view: RunView) -> None:
+        """Notes the step ``fit`` starts from; the clock starts ``skip_batches`` later. Warns when that leaves no
+        batch to measure: the estimate would never be logged."""
         self._start, self._first = None, view.timestamp.batch
+        remaining = view.max_steps - view.timestamp.batch
+        if 0 < remaining <= self.skip_batches:
+            warnings.warn(
+                f"RuntimeEstimator(skip_batches={self.skip_batches}) skips at least the {remaining} batches this run "
+                "trains, so it never logs time/remaining_seconds; pass a smaller skip_batches",
+                UserWarning,
+                stacklevel=2,
+            )
 
     def log_metrics(self, view: RunView) -> Mapping[str, float]:
         # The clock starts at the first log step past the skipped batches (nothing runs on the batches between).
@@ -228,10 +248,13 @@ class SystemMetricsMonitor(Callback):
     """Logs the machine's CPU and memory use and its disk and network byte counts since the run started
     (psutil)."""
 
+    logs = ("sys/*",)
+
     def __init__(self) -> None:
         self._base: dict[str, float] = {}
 
     def fit_start(self, view: RunView) -> None:
+        """Reads the disk and network counters the logged byte counts start from."""
         import psutil
 
         psutil.cpu_percent(interval=None)  # the first reading starts psutil's interval
@@ -270,6 +293,7 @@ class OptimizerMonitor(Callback):
     """
 
     step_norms = True
+    logs = ("l2_norm/*",)
 
     def __init__(self, per_layer: bool = True) -> None:
         self.per_layer = validate.flag("per_layer", per_layer)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from composer_fn.callbacks.base import Callback, RunView
@@ -16,13 +18,27 @@ class NaNMonitor(Callback):
 
     It reads the state and changes nothing; the error ends ``fit()`` before the next step, so the last
     checkpoint written is from before the divergence. The check reads device memory once per checked step
-    (one host synchronisation): ``interval`` checks every that many steps instead.
+    (one host synchronisation): ``interval`` checks every that many steps instead (at steps that are multiples
+    of it); a run whose steps include no such multiple is warned about as it starts: nothing would be checked.
     """
 
     def __init__(self, interval: int = 1) -> None:
         self.interval = validate.integer("interval", interval, minimum=1, hint="steps between checks")
 
+    def fit_start(self, view: RunView) -> None:
+        """Warns when the run has no step at a multiple of ``interval``, so that nothing would be checked."""
+        first, last = view.timestamp.batch, view.max_steps
+        if last > first and last // self.interval == first // self.interval:
+            warnings.warn(
+                f"NaNMonitor(interval={self.interval}) checks at steps that are multiples of {self.interval}, but "
+                f"this run trains steps {first + 1} to {last} (a run of {last} steps): it never checks; pass an "
+                f"interval of at most {last}",
+                UserWarning,
+                stacklevel=2,
+            )
+
     def batch_end(self, view: RunView) -> None:
+        """Raises ``FloatingPointError`` when a checked step's parameters or buffers are not all finite."""
         step = view.timestamp.batch
         if step % self.interval:
             return

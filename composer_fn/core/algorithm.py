@@ -11,7 +11,9 @@ part of the record: see ``composer_fn.testing.settings``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import numbers
 import re
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
@@ -85,6 +87,10 @@ class Capabilities:
     or after an evaluator measured (``where`` its label) and its ``State.algos`` entry; returns the new entry and
     whether the run ends there. ``watches``: the evaluator label the rule reads (checked against the run's)."""
     watches: str | None = None
+    checks_logged: Callable[[Mapping[str, tuple[float, float]]], None] | None = None
+    """With ``stops``: ``checks_logged(logged)`` is called when the trainer is built, with the names of the metrics
+    the run logs where the rule reads (``watches``; ``fnmatch`` patterns allowed), each with the range its values
+    can take; it raises ValueError when the rule's metric is not among them or no value in its range can stop."""
 
 
 _NONE = Capabilities()
@@ -143,7 +149,33 @@ def _jsonable(value: Any) -> Any:
         return value.value
     if isinstance(value, tuple):
         return [_jsonable(v) for v in value]
+    return _python_number(value)
+
+
+def _python_number(value: Any) -> Any:
+    """Returns a NumPy scalar as the Python number of the same value (tuples element-wise); anything else as is."""
+    if isinstance(value, numbers.Number) and type(value).__module__ == "numpy":
+        return value.item()  # type: ignore[attr-defined]
+    if type(value) is tuple and any(isinstance(v, numbers.Number) and type(v).__module__ == "numpy" for v in value):
+        return tuple(_python_number(v) for v in value)
     return value
+
+
+def _with_python_numbers(init: Callable[..., None]) -> Callable[..., None]:
+    """Wraps a registered algorithm's ``__init__`` so that its fields hold Python numbers where NumPy scalars were
+    given (``MixUp(alpha=np.float32(0.2))`` holds ``float`` 0.2000000029802322): records compare, hash and serialize
+    the same whichever kind of number the user passed."""
+
+    @functools.wraps(init)
+    def __init__(self: Algorithm, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            converted = _python_number(value)
+            if converted is not value:
+                object.__setattr__(self, field.name, converted)
+
+    return __init__
 
 
 def register(cls: _A) -> _A:
@@ -156,6 +188,10 @@ def register(cls: _A) -> _A:
     name = _registered_name(cls)
     if name in REGISTRY and REGISTRY[name] is not cls:
         raise ValueError(f"an algorithm named {name!r} is already registered ({REGISTRY[name].__qualname__})")
+    if not getattr(cls.__init__, "_python_numbers", False):
+        init = _with_python_numbers(cls.__init__)
+        init._python_numbers = True  # type: ignore[attr-defined]
+        cls.__init__ = init  # type: ignore[method-assign]
     REGISTRY[name] = cls
     return cls
 

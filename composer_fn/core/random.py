@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from composer_fn.core.host import readable_on_host
-from composer_fn.core.validate import integer
+from composer_fn.core.validate import integer, is_integer, is_real
 
 __all__ = [
     "Key",
@@ -88,8 +88,9 @@ def key(seed: int, *, device: torch.device | str | None = None) -> Key:
 
 
 def host_key(seed: int) -> HostKey:
-    """Returns the host mirror of ``key(seed)``."""
-    integer("seed", seed, minimum=0, maximum=2**64 - 1)
+    """Returns the host mirror of ``key(seed)`` (``seed`` any integer, ``numpy.int64`` included, in ``[0, 2**64)``)."""
+    # A Python int: NumPy's fixed-width integers would wrap (and warn) in the mixing arithmetic.
+    seed = integer("seed", seed, minimum=0, maximum=2**64 - 1)
     return (_host_mix32(seed & _MASK ^ _GOLDEN), _host_mix32((seed >> 32) + _M1))
 
 
@@ -118,11 +119,24 @@ def _host_readable(k: Key, data: int | Tensor) -> bool:
     return isinstance(data, int) or (data.dim() == 0 and not data.is_floating_point() and readable_on_host(data))
 
 
+def _check_key(k: object) -> None:
+    if not (isinstance(k, Tensor) and k.dtype == torch.int64 and k.dim() >= 1 and k.shape[-1] == 2):
+        shown = f"a tensor of dtype {k.dtype} and shape {tuple(k.shape)}" if isinstance(k, Tensor) else repr(k)
+        raise TypeError(f"key={shown} must be a key, an int64 tensor [..., 2] such as composer_fn.random.key(seed)")
+
+
 def fold_in(k: Key, data: int | Tensor) -> Key:
-    """Returns a new key derived from ``k`` and the integer ``data`` (a Python int or an int tensor).
+    """Returns a new key derived from ``k`` and the integer ``data`` (any integer, or an integer tensor).
 
     ``data`` is taken modulo ``2**32``. Batched keys and batched data broadcast against each other.
     """
+    _check_key(k)
+    if not isinstance(data, int | Tensor):
+        if not is_integer(data):
+            raise TypeError(f"data={data!r} must be an integer or an integer tensor, the value folded into the key")
+        data = int(data)
+    elif isinstance(data, Tensor) and (data.is_floating_point() or data.is_complex() or data.dtype == torch.bool):
+        raise TypeError(f"data of dtype {data.dtype} must be an integer tensor, the values folded into the key")
     if _host_readable(k, data):
         # Eager on the CPU, a single key is folded on Python ints (the host mirror, the same bits) instead
         # of some forty tiny tensor operations.
@@ -147,16 +161,14 @@ def host_fold_in(k: HostKey, data: int) -> HostKey:
 
 def split(k: Key, n: int = 2) -> Key:
     """Returns ``n`` independent keys of shape ``[n, ..., 2]`` derived from ``k``."""
-    if n < 1:
-        raise ValueError(f"n={n!r} must be a positive number of keys")
+    n = integer("n", n, minimum=1, hint="the number of keys")
     counters = _counters(n, k).reshape((n,) + (1,) * (k.dim() - 1))
     return fold_in(k.unsqueeze(0), counters)
 
 
 def host_split(k: HostKey, n: int = 2) -> list[HostKey]:
     """Returns the host mirror of ``split(from_host(k), n)``."""
-    if n < 1:
-        raise ValueError(f"n={n!r} must be a positive number of keys")
+    n = integer("n", n, minimum=1, hint="the number of keys")
     return [host_fold_in(k, i) for i in range(n)]
 
 
@@ -172,7 +184,10 @@ def _counters(count: int, k: Key) -> Tensor:
 
 
 def _shape(shape: Sequence[int] | int) -> tuple[int, ...]:
-    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    dims = (shape,) if isinstance(shape, int) or is_integer(shape) else tuple(shape)
+    if any(not isinstance(d, int) for d in dims):
+        # NumPy's integers (and any other integer) count as the ints they hold.
+        dims = tuple(int(d) if is_integer(d) else d for d in dims)
     if any((not isinstance(d, int)) or d < 0 for d in dims):
         raise ValueError(f"shape={shape!r} must hold non-negative ints")
     return dims
@@ -229,8 +244,8 @@ def host_bits(k: HostKey, count: int, *, start: int = 0) -> list[int]:
 
     For host-side draws that must equal the words a traced step draws from the same key (no tensor op runs).
     """
-    if count < 0 or start < 0:
-        raise ValueError(f"count={count!r} and start={start!r} must be non-negative")
+    count = integer("count", count, minimum=0)
+    start = integer("start", start, minimum=0)
     word0, word1 = k
     words = []
     for counter in range(start, start + count):
@@ -282,13 +297,16 @@ def normal(k: Key, shape: Sequence[int] | int, *, dtype: torch.dtype = torch.flo
 
 def bernoulli(k: Key, p: float | Tensor, shape: Sequence[int] | int) -> Tensor:
     """Returns a bool tensor of ``shape`` whose entries are True with probability ``p``."""
-    if isinstance(p, float | int) and not 0.0 <= p <= 1.0:
-        raise ValueError(f"p={p!r} must be a probability in [0, 1]")
+    if not isinstance(p, Tensor):
+        if not (is_real(p) and 0.0 <= p <= 1.0):
+            raise ValueError(f"p={p!r} must be a probability in [0, 1]")
+        p = float(p)
     return uniform(k, shape) < p
 
 
 def randint(k: Key, low: int, high: int, shape: Sequence[int] | int) -> Tensor:
     """Returns ``int64`` samples uniform over ``[low, high)`` of ``shape`` (``high - low <= 2**24``)."""
+    low, high = integer("low", low), integer("high", high)
     span = high - low
     if not 0 < span <= 2**24:
         raise ValueError(f"low={low!r}, high={high!r}: expected low < high with high - low <= 2**24")
@@ -300,8 +318,7 @@ def permutation(k: Key, n: int) -> Tensor:
 
     A batch of keys ``[..., 2]`` gives one permutation per key, of shape ``[..., n]``.
     """
-    if n < 0:
-        raise ValueError(f"n={n!r} must be a non-negative length")
+    n = integer("n", n, minimum=0, hint="the length of the permutation")
     return torch.argsort(bits(k, (n,)), dim=-1, stable=True)
 
 
@@ -313,6 +330,8 @@ def host_rng(k: HostKey) -> np.random.Generator:
 
 def name_to_int(name: str) -> int:
     """Returns a stable 32-bit integer for ``name``, to fold a name into a key."""
+    if not isinstance(name, str):
+        raise TypeError(f"name={name!r} must be a str")
     value = 0x811C9DC5
     for byte in name.encode():
         value = ((value ^ byte) * 0x01000193) & _MASK

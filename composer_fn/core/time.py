@@ -70,6 +70,7 @@ def _checked_value(value: object, unit: TimeUnit) -> int | float:
         )
     if unit is TimeUnit.DURATION:
         return float(value)
+    value = int(value) if is_integer(value) else float(value)
     if isinstance(value, float):
         if not value.is_integer():
             raise ValueError(

@@ -1,13 +1,16 @@
 """Argument checks shared by every public constructor: each returns the value or raises naming all three of
 the argument, the value given and what is accepted.
 
-``integer`` and ``real`` refuse ``bool`` (an ``int`` subclass that is never meant as a count or a rate);
-``real`` accepts ints and returns a float; ``time`` parses Composer's time strings.
+``integer`` and ``real`` accept any ``numbers.Integral``/``numbers.Real`` (NumPy's and Python's scalars alike,
+and a 0-dimensional integer or floating tensor's ``.item()`` is one of those) and refuse ``bool`` and ``numpy.bool_``
+(never meant as a count or a rate); ``integer`` returns an ``int``, ``real`` a ``float``; ``time`` parses Composer's
+time strings.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Collection
 from typing import TYPE_CHECKING, TypeGuard, TypeVar
 
@@ -19,14 +22,20 @@ __all__ = ["is_integer", "is_real", "integer", "real", "probability", "flag", "b
 _C = TypeVar("_C")
 
 
+def _is_bool(value: object) -> bool:
+    # NumPy's bool scalar type is ``numpy.bool`` (``numpy.bool_`` before NumPy 2).
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"))
+
+
 def is_integer(value: object) -> TypeGuard[int]:
-    """Returns whether ``value`` is an int and not a bool."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    """Returns whether ``value`` is an integer (``int``, ``numpy.int64``, any ``numbers.Integral``) and not a bool."""
+    return type(value) is int or (isinstance(value, numbers.Integral) and not _is_bool(value))
 
 
 def is_real(value: object) -> TypeGuard[int | float]:
-    """Returns whether ``value`` is an int or a float and not a bool (finite or not)."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """Returns whether ``value`` is a real number (``float``, ``numpy.float32``, any ``numbers.Real``) and not a bool
+    (finite or not)."""
+    return type(value) is float or type(value) is int or (isinstance(value, numbers.Real) and not _is_bool(value))
 
 
 def _number(value: float) -> str:
@@ -48,7 +57,7 @@ def integer(
 ) -> int:
     """Returns ``value`` if it is an int (not a bool) in ``[minimum, maximum]``; raises ValueError otherwise."""
     if is_integer(value) and (minimum is None or value >= minimum) and (maximum is None or value <= maximum):
-        return value
+        return int(value)
     accepted = " ".join(filter(None, ("an int", _bounds(minimum, maximum, False, False))))
     raise ValueError(f"{argument}={value!r} must be {accepted}{f' ({hint})' if hint else ''}")
 
@@ -70,7 +79,7 @@ def real(
     # Checked inline: some callers run once per training step.
     if (
         (type(value) is float or type(value) is int or is_real(value))
-        and math.isfinite(value)
+        and math.isfinite(float(value))
         and (minimum is None or value > minimum or (value == minimum and not open_below))
         and (maximum is None or value < maximum or (value == maximum and not open_above))
     ):
@@ -85,17 +94,19 @@ def probability(argument: str, value: object, *, hint: str = "") -> float:
 
 
 def flag(argument: str, value: object) -> bool:
-    """Returns ``value`` if it is a bool; raises TypeError otherwise."""
-    if not isinstance(value, bool):
+    """Returns ``value`` as a bool if it is a ``bool`` or a ``numpy.bool_``; raises TypeError otherwise."""
+    if not _is_bool(value):
         raise TypeError(f"{argument}={value!r} must be True or False")
-    return value
+    return bool(value)
 
 
 def batch_key(argument: str, value: object) -> int | str:
     """Returns ``value`` if it is a position (int) or a key (str) of a batch; raises TypeError otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int | str):
+    if isinstance(value, str):
+        return value
+    if not is_integer(value):
         raise TypeError(f"{argument}={value!r} must be a position (int) or a key (str) of the batch")
-    return value
+    return int(value)
 
 
 def choice(argument: str, value: _C, accepted: Collection[_C]) -> _C:
@@ -120,7 +131,7 @@ def time(
         if isinstance(value, Time | str):
             parsed = value if isinstance(value, Time) else Time.from_timestring(value)
         elif number_unit is not None and is_real(value):
-            parsed = Time(value, number_unit)
+            parsed = Time(int(value) if is_integer(value) else float(value), number_unit)
     except (ValueError, TypeError):
         parsed = None
     if parsed is None or parsed.unit not in units or parsed.value < 0:

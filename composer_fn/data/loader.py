@@ -47,11 +47,21 @@ class TensorLoader:
     processes. Every rank has the same number of batches; without ``drop_last`` the epoch's last global batch
     may be short, and then the higher ranks' last batches are short or empty. ``rank`` and ``world_size``
     default to the initialised process group's, else to torchrun's ``RANK`` and ``WORLD_SIZE``, else 0 and 1.
+
+    Args:
+        tensors: the tensors to take rows from, a tuple or a list, sharing one length along dim 0; each batch is
+            a tuple of their rows, in this order.
+        batch_size: rows per batch (per rank).
+        shuffle: visit each epoch in a keyed permutation of the rows, else in order.
+        drop_last: leave out the epoch's last global batch when it is short.
+        seed: the root of the epochs' permutations.
+        rank: this process's place among the processes sharing each global batch.
+        world_size: the number of processes sharing each global batch.
     """
 
     def __init__(
         self,
-        tensors: tuple[Tensor, ...],
+        tensors: tuple[Tensor, ...] | list[Tensor],
         batch_size: int,
         *,
         shuffle: bool = True,
@@ -60,10 +70,11 @@ class TensorLoader:
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
-        if not isinstance(tensors, tuple) or not tensors or not all(isinstance(t, Tensor) for t in tensors):
+        if not isinstance(tensors, tuple | list) or not tensors or not all(isinstance(t, Tensor) for t in tensors):
             raise TypeError(
-                f"tensors={_describe(tensors)} must be a non-empty tuple of tensors, e.g. (images, labels)"
+                f"tensors={_describe(tensors)} must be a non-empty tuple (or list) of tensors, e.g. (images, labels)"
             )
+        tensors = tuple(tensors)
         lengths = [t.shape[0] if t.dim() > 0 else None for t in tensors]
         size = lengths[0]
         if size is None or size < 1 or any(length != size for length in lengths):

@@ -33,13 +33,15 @@ def synthetic_images(
     different task.
     """
     require_key(key)
-    integer("num_samples", num_samples, minimum=1)
+    num_samples = integer("num_samples", num_samples, minimum=1)
     if not is_integer(num_classes) or not 1 <= num_classes <= 2**24:
         raise ValueError(f"num_classes={num_classes!r} must be an int in [1, 2**24]")
+    num_classes = int(num_classes)
     dims = tuple(shape)
     if not dims or not all(is_integer(d) and d >= 1 for d in dims):
         raise ValueError(f"shape={shape!r} must be a non-empty sequence of positive ints, e.g. (3, 32, 32)")
-    real("noise", noise, minimum=0.0)
+    dims = tuple(int(d) for d in dims)
+    noise = real("noise", noise, minimum=0.0)
 
     class_means = normal(fold_in(key, _CLASS_MEANS), (num_classes, *dims))
     labels = randint(fold_in(key, _LABELS), 0, num_classes, num_samples)

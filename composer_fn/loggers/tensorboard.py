@@ -10,15 +10,16 @@ tqdm so that a progress bar stays intact."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any, TextIO
 
 from composer_fn.core import validate
+from composer_fn.loggers._paths import folder_path
 from composer_fn.loggers.base import Logger
 
 __all__ = ["TensorBoardLogger", "ConsoleLogger"]
@@ -41,9 +42,14 @@ class TensorBoardLogger(Logger):
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as error:  # tensorboard is a dependency; a broken install still gets a clear word
             raise ImportError(f"TensorBoardLogger needs the tensorboard package ({error}): pip install tensorboard") from None
-        validate.integer("flush_secs", flush_secs, minimum=1, hint="seconds")
-        self.log_dir = Path(log_dir)
-        self._writer: Any = SummaryWriter(log_dir=str(self.log_dir), flush_secs=flush_secs)
+        flush_secs = validate.integer("flush_secs", flush_secs, minimum=1, hint="seconds")
+        self.log_dir = folder_path("log_dir", log_dir, "runs/tb/digits")
+        try:
+            self._writer: Any = SummaryWriter(log_dir=str(self.log_dir), flush_secs=flush_secs)
+        except OSError as error:  # checked above; a folder removed or made read-only meanwhile still gets a clear word
+            raise ValueError(
+                f"log_dir={str(log_dir)!r} cannot be written ({error.strerror or error}); expected a folder that can be written"
+            ) from None
         # Records wait here and reach the writer's thread together, once a second at most: each hand-over wakes
         # that thread, which then competes with training for the interpreter.
         self._pending: list[tuple[str, dict[str, Any], float]] = []
@@ -79,7 +85,7 @@ class TensorBoardLogger(Logger):
                 # A monitor's name carries its own section ("throughput/samples_per_second"); others get the record's.
                 Summary.Value(tag=name if "/" in name else f"{section}/{name}", simple_value=float(value))
                 for name, value in record.items()
-                if name not in _POSITION and name != "kind" and isinstance(value, int | float) and not isinstance(value, bool)
+                if name not in _POSITION and name != "kind" and validate.is_real(value)
             ]
             if values:
                 # One event holds the record's scalars (a tenth of the cost of one event per scalar).
@@ -102,12 +108,13 @@ class ConsoleLogger(Logger):
     no line is dropped, and evaluations, stops and the run's end are written at once with any waiting lines.
 
     Args:
-        stream: where the lines go; None: standard error.
+        stream: where the lines go: a text stream (anything with ``write``), ``'stdout'`` or ``'stderr'`` (the
+            interpreter's streams at the time of each write); None: standard error.
         flush_interval: the shortest time between two writes of training lines, in seconds (0: each at once).
     """
 
-    def __init__(self, stream: TextIO | None = None, flush_interval: float = 0.1) -> None:
-        self.stream = stream
+    def __init__(self, stream: TextIO | str | None = None, flush_interval: float = 0.1) -> None:
+        self.stream = _stream(stream)
         self.flush_interval = validate.real("flush_interval", flush_interval, minimum=0.0, hint="seconds")
         self._waiting: list[str] = []
         self._written = -math.inf
@@ -127,11 +134,34 @@ class ConsoleLogger(Logger):
             return
         from tqdm import tqdm
 
-        tqdm.write("\n".join(self._waiting), file=self.stream if self.stream is not None else sys.stderr)
+        stream = getattr(sys, self.stream) if isinstance(self.stream, str) else self.stream
+        tqdm.write("\n".join(self._waiting), file=stream if stream is not None else sys.stderr)
         self._waiting = []
 
     def close(self) -> None:
         self._write()
+
+
+_STREAMS = ("stdout", "stderr")
+
+
+def _stream(stream: object) -> TextIO | str | None:
+    """Returns ``stream`` if it is None, ``'stdout'``, ``'stderr'`` or an open text stream; raises otherwise."""
+    if stream is None or stream in _STREAMS:
+        return stream  # type: ignore[return-value]
+    accepted = "None, 'stdout', 'stderr' or an open text stream (an object with write(), e.g. sys.stdout)"
+    if isinstance(stream, str):
+        raise ValueError(
+            f"stream={stream!r} must be {accepted}; to keep the records in a file, use JSONLLogger(path) or pass "
+            "open(path, 'w')"
+        )
+    if not callable(getattr(stream, "write", None)):
+        raise TypeError(f"stream={stream!r} of type {type(stream).__name__} must be {accepted}")
+    if isinstance(stream, io.RawIOBase | io.BufferedIOBase) or "b" in str(getattr(stream, "mode", "")):
+        raise TypeError(f"stream={stream!r} is a binary stream: expected {accepted}, e.g. open(path, 'w')")
+    if getattr(stream, "closed", False) is True:
+        raise ValueError(f"stream={stream!r} is closed: expected {accepted}")
+    return stream  # type: ignore[return-value]
 
 
 def _line(record: dict[str, Any]) -> str | None:
@@ -154,7 +184,7 @@ def _line(record: dict[str, Any]) -> str | None:
         metrics = [
             f"{name} {value:.2%}" if "accuracy" in name else f"{name} {value:.4f}"
             for name, value in record.items()
-            if name not in ("kind", *_POSITION) and isinstance(value, int | float) and not isinstance(value, bool)
+            if name not in ("kind", *_POSITION) and validate.is_real(value)
         ]
         return f"{where} " + " | ".join(metrics)
     if kind == "plan":

@@ -34,6 +34,8 @@ def forward_key_names(module: nn.Module) -> tuple[str, ...]:
 
 def forward_keys(names: tuple[str, ...], step_key: Tensor) -> dict[str, Tensor]:
     """Returns the key each named ``forward_key`` buffer holds for one forward under ``step_key``."""
+    if not (isinstance(step_key, Tensor) and step_key.dtype == torch.int64 and step_key.shape[-1:] == (2,)):
+        raise TypeError(f"step_key={step_key!r} must be a key, an int64 tensor [..., 2] such as composer_fn.random.key(0)")
     return {name: R.fold_in(step_key, R.name_to_int(name)) for name in names}
 
 

@@ -37,7 +37,8 @@ def of_kind(
 
 
 real_number = of_kind("a real number (int or float)", is_real, real)
-"""``validate.real``, raising TypeError for anything but an ``int`` or a ``float`` (``bool`` included)."""
+"""``validate.real``, raising TypeError for anything but a real number (``int``, ``float``, a NumPy number or
+another ``numbers.Real``; never a ``bool``)."""
 
 _time = of_kind(
     "a Time or a time string such as '100ba', '2ep' or '0.1dur'", lambda v: isinstance(v, Time | str), time

@@ -352,7 +352,10 @@ def apply_updates(params: Params, updates: Updates) -> dict[str, Tensor]:
     if not names:
         return {}
     with torch.no_grad():
-        new = torch._foreach_add(param_list, update_list)
+        try:
+            new = torch._foreach_add(param_list, update_list)
+        except (RuntimeError, TypeError) as error:
+            raise _misfit(names, param_list, update_list) or error from error
     # An update may be wider than its parameter (fp32 updates for bf16 weights); the parameter keeps its dtype.
     return {
         k: n if n.dtype == p.dtype else n.to(p.dtype) for k, n, p in zip(names, new, param_list, strict=True)
@@ -369,7 +372,23 @@ def apply_updates_(params: Params, updates: Updates) -> None:
     if not names:
         return
     with torch.no_grad():
-        torch._foreach_add_(param_list, update_list)
+        try:
+            torch._foreach_add_(param_list, update_list)
+        except (RuntimeError, TypeError) as error:
+            raise _misfit(names, param_list, update_list) or error from error
+
+
+def _misfit(names: list[str], params: list[Tensor], updates: list[Any]) -> ValueError | None:
+    """Returns the error naming the first update that does not fit its parameter, or None if every one fits."""
+    for name, param, update in zip(names, params, updates, strict=True):
+        if not isinstance(update, Tensor):
+            return ValueError(f"updates[{name!r}] of type {type(update).__name__}: expected a tensor")
+        if update.shape != param.shape:
+            return ValueError(
+                f"updates[{name!r}] of shape {tuple(update.shape)} does not fit params[{name!r}] of shape "
+                f"{tuple(param.shape)}"
+            )
+    return None
 
 
 def scalar_dtype(tensors: Sequence[Tensor]) -> torch.dtype:

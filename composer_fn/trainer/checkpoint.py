@@ -20,7 +20,6 @@ import os
 import pickle
 import re
 import tempfile
-import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from composer_fn.core.algorithm import Algorithm, algorithms_from_json
 from composer_fn.core.state import State
 from composer_fn.core.time import Timestamp
 from composer_fn.optim.base import in_layout_of
+from composer_fn.trainer.checks import first_line
 
 __all__ = [
     "save_checkpoint",
@@ -99,6 +99,8 @@ def save_checkpoint(
     values: strings, numbers, lists, dicts) is stored as given, e.g. how to rebuild the model.
     """
     target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"path={str(path)!r} is a folder: expected the path of the checkpoint file to write, e.g. {str(target / 'run.pt')!r}")
     target.parent.mkdir(parents=True, exist_ok=True)
     payload: dict[str, Any] = {
         "format": FORMAT_VERSION,
@@ -199,6 +201,11 @@ def _check_tensors(kind: str, loaded: dict[str, Tensor], expected: dict[str, Ten
 
 
 def unflatten_tree(kind: str, leaves: list[Any], template: Any) -> Any:
+    """Returns ``leaves`` (a checkpoint's flattened ``kind`` state) in the structure of ``template``.
+
+    Raises ValueError, naming ``kind``, when the number of leaves or a tensor leaf's shape differs from the
+    template's: a checkpoint saved with another optimizer or other algorithms.
+    """
     expected, spec = pytree.tree_flatten(template)
     if len(leaves) != len(expected):
         raise ValueError(
@@ -212,28 +219,50 @@ def unflatten_tree(kind: str, leaves: list[Any], template: Any) -> Any:
     return pytree.tree_unflatten(leaves, spec)
 
 
+_REQUIRED = ("params", "buffers", "timestamp", "algorithms")
+_RUN = ("opt", "algos", "algos_names", "hparams", "step", "key")
+
+
 def read_checkpoint(
     path: str | os.PathLike[str], device: torch.device | str | None, *, argument: str = "load_path"
 ) -> dict[str, Any]:
-    """Returns the payload of the checkpoint at ``path`` (plain values and tensors, read with ``weights_only``);
-    a missing, empty, truncated or foreign file is refused naming ``argument`` and the path."""
+    """Returns the payload of the checkpoint at ``path`` (plain values and tensors, read with ``weights_only``).
+
+    A missing file is refused with FileNotFoundError; any file that is not a whole checkpoint of this package
+    (empty, truncated, random bytes, text, another program's pickle) with one ValueError,
+    ``{argument}='<path>' is not a checkpoint: <why>``.
+    """
     source = Path(path)
+    if isinstance(path, str) and not path:
+        raise ValueError(f"{argument}='': expected the path of a checkpoint file")
     if not source.is_file():
-        raise FileNotFoundError(f"{argument}={str(path)!r} is not a checkpoint file")
+        what = "it is a folder" if source.is_dir() else "there is no such file"
+        raise FileNotFoundError(f"{argument}={str(path)!r} is not a checkpoint file: {what}")
     if source.stat().st_size == 0:
-        raise ValueError(f"{argument}={str(path)!r} is an empty file, not a checkpoint")
+        raise ValueError(f"{argument}={str(path)!r} is not a checkpoint: it is an empty file")
     try:
         payload = torch.load(source, map_location=device, weights_only=True)
-    except (EOFError, OSError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
+    except MemoryError:
+        raise
+    except Exception as error:  # noqa: BLE001 -- the unpickler fails on foreign bytes with any error (IndexError, KeyError, ...)
         # A checkpoint is written whole or not at all (atomic rename): a file that does not read is not one. The
         # unpickler's own message would suggest loading without weights_only, which a checkpoint never needs.
-        reason = type(error).__name__ if isinstance(error, pickle.UnpicklingError) else str(error).splitlines()[0]
+        reason = type(error).__name__
+        if not isinstance(error, pickle.UnpicklingError):
+            reason += f": {first_line(error).split('. ')[0][:160]}"
         raise ValueError(
-            f"{argument}={str(path)!r} cannot be read as a checkpoint (truncated, or another kind of file): {reason}"
+            f"{argument}={str(path)!r} is not a checkpoint: it cannot be read ({reason}); a truncated file or "
+            "another kind of file"
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
-        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise ValueError(f"{str(path)!r} is not a composer_fn checkpoint of format {FORMAT_VERSION} (found {found!r})")
+        found = f"format {payload.get('format')!r}" if isinstance(payload, dict) else f"a {type(payload).__name__}"
+        raise ValueError(
+            f"{argument}={str(path)!r} is not a checkpoint: it holds {found}, not a composer_fn checkpoint of "
+            f"format {FORMAT_VERSION}"
+        )
+    missing = [key for key in (*_REQUIRED, *(() if payload.get("weights_only") else _RUN)) if key not in payload]
+    if missing:
+        raise ValueError(f"{argument}={str(path)!r} is not a checkpoint: it lacks {', '.join(missing)}")
     return payload
 
 
@@ -243,9 +272,9 @@ def checkpoint_metadata(path: str | os.PathLike[str], *, argument: str = "checkp
     return metadata
 
 
-def checkpoint_algorithms(path: str | os.PathLike[str]) -> str:
+def checkpoint_algorithms(path: str | os.PathLike[str], *, argument: str = "load_path") -> str:
     """Returns the JSON configs of the algorithms the checkpoint at ``path`` was trained with."""
-    algorithms: str = read_checkpoint(path, "cpu")["algorithms"]
+    algorithms: str = read_checkpoint(path, "cpu", argument=argument)["algorithms"]
     return algorithms
 
 
@@ -255,21 +284,23 @@ def load_checkpoint(
     *,
     device: torch.device | str | None = None,
     algorithms: str | None = None,
+    argument: str = "load_path",
 ) -> Checkpoint:
     """Returns the checkpoint at ``path``, its pytrees rebuilt on the structure of ``template``.
 
     The file is read with ``torch.load(weights_only=True)``: it can hold tensors and plain values only.
-    With ``algorithms`` (JSON configs), a checkpoint trained with other algorithms is refused first.
+    With ``algorithms`` (JSON configs), a checkpoint trained with other algorithms is refused first. ``argument``
+    names the path in errors.
     """
-    payload = read_checkpoint(path, device)
+    payload = read_checkpoint(path, device, argument=argument)
     if payload.get("weights_only", False):
         raise ValueError(
-            f"load_path={str(path)!r} holds weights only (saved with save_weights_only=True), not a run to resume: "
+            f"{argument}={str(path)!r} holds weights only (saved with save_weights_only=True), not a run to resume: "
             "pass load_weights_only=True to start a run from its weights"
         )
     if algorithms is not None and payload["algorithms"] != algorithms:
         raise ValueError(
-            f"load_path={str(path)!r} was trained with algorithms {payload['algorithms']}; "
+            f"{argument}={str(path)!r} was trained with algorithms {payload['algorithms']}; "
             f"this trainer has {algorithms}"
         )
     _check_tensors("params", payload["params"], dict(template.params))
@@ -299,16 +330,26 @@ def load_weights(
     device: torch.device | str | None = None,
     strict: bool = True,
     ignore_keys: Sequence[str] = (),
+    argument: str = "load_path",
 ) -> State:
     """Returns ``template`` with its parameters and buffers replaced by the checkpoint's, to start a new run.
 
     Everything else (optimizer and algorithm state, step, key) stays the template's, so the new run may use
     another optimizer or other algorithms. Names matching a pattern of ``ignore_keys`` (``fnmatch``, e.g.
-    ``'head.*'``) are not loaded. With ``strict``, every other name must be in both the checkpoint and the
-    model; without it, names in one only are skipped. A name in both must have the same shape. Loaded tensors
-    take the template's dtype, device and memory layout.
+    ``'head.*'``) are not loaded; a pattern that matches no name of the checkpoint or the model is refused. With
+    ``strict``, every other name must be in both the checkpoint and the model; without it, names in one only are
+    skipped. A name in both must have the same shape. A load that takes no parameter at all (a checkpoint of
+    another model) is refused: the run would start from scratch. Loaded tensors take the template's dtype,
+    device and memory layout. ``argument`` names the path in errors.
     """
-    payload = read_checkpoint(path, device)
+    payload = read_checkpoint(path, device, argument=argument)
+    names = [*payload["params"], *payload["buffers"], *template.params, *template.buffers]
+    for pattern in ignore_keys:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            raise ValueError(
+                f"load_ignore_keys has the pattern {pattern!r}, which matches no name of {argument}={str(path)!r} or "
+                f"of the model; the checkpoint's parameters are {_listed(payload['params'])}"
+            )
     merged = {}
     for kind in ("params", "buffers"):
         expected: dict[str, Tensor] = dict(getattr(template, kind))
@@ -322,20 +363,35 @@ def load_weights(
         # start a contiguous one contiguous): its optimizer state was laid out like its own parameters.
         converted = {name: t.to(dtype=expected[name].dtype, device=expected[name].device) for name, t in shared.items()}
         merged[kind] = {**expected, **in_layout_of(converted, expected)}
+        if kind == "params" and not shared and expected:
+            raise ValueError(
+                f"{argument}={str(path)!r} has no parameter the model has "
+                + ("once load_ignore_keys are left out " if ignore_keys else "")
+                + f"(checkpoint: {_listed(payload['params'])}; model: {_listed(expected)}): nothing would load and "
+                "the run would start from scratch; expected a checkpoint of this model"
+            )
     return template.replace(params=merged["params"], buffers=merged["buffers"])
+
+
+def _listed(names: Iterable[str], most: int = 6) -> str:
+    names = list(names)
+    shown = ", ".join(names[:most])
+    return f"{shown}, ... ({len(names)} in all)" if len(names) > most else shown or "none"
 
 
 def _ignored(name: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
-def with_recorded_surgeries(given: tuple[Algorithm, ...], load_path: str | Path) -> tuple[Algorithm, ...]:
+def with_recorded_surgeries(
+    given: tuple[Algorithm, ...], load_path: str | Path, *, argument: str = "load_path"
+) -> tuple[Algorithm, ...]:
     """Returns the algorithms to build a trainer with that resumes from ``load_path``.
 
     A checkpoint of a rewritten model holds the rewritten structure's tensors: a trainer given only the plain
     model (and no other algorithms) re-applies the recorded surgeries, in their order, before loading.
     """
-    recorded = algorithms_from_json(checkpoint_algorithms(load_path))
+    recorded = algorithms_from_json(checkpoint_algorithms(load_path, argument=argument))
     missing = [a for a in recorded if a not in given]
     rewrites = all(a.capabilities().rewrites is not None for a in missing)
     if missing and rewrites and all(a in recorded for a in given):
@@ -363,7 +419,17 @@ class CheckpointOptions:
         strict: object,
         ignore_keys: object,
         autoresume: object,
+        *,
+        load_path: object = None,
     ) -> CheckpointOptions:
+        """Returns the checked options; raises naming the Trainer argument that is wrong or needs another.
+
+        The arguments are the Trainer's ``save_folder``, ``save_num_checkpoints_to_keep``, ``save_weights_only``,
+        ``load_weights_only``, ``load_strict_model_weights``, ``load_ignore_keys``, ``autoresume`` and
+        ``load_path``. An option given without the one it needs (``save_weights_only`` without ``save_folder``,
+        ``load_ignore_keys`` without ``load_path`` and ``load_weights_only``) would be ignored, so it is refused
+        naming both.
+        """
         if not (validate.is_integer(keep) and (keep == -1 or keep >= 1)):
             raise ValueError(f"save_num_checkpoints_to_keep={keep!r} must be an int >= 1, or -1 to keep every checkpoint")
         flags = [
@@ -387,7 +453,35 @@ class CheckpointOptions:
                 "autoresume=True resumes from full checkpoints, but save_weights_only=True saves weights only; "
                 "drop one of them"
             )
-        return cls(keep, flags[0], flags[1], flags[2], patterns)
+        if save_folder is None:
+            save_options: tuple[tuple[str, object, object], ...] = (
+                ("save_num_checkpoints_to_keep", keep, -1),
+                ("save_weights_only", flags[0], False),
+            )
+            for name, value, default in save_options:
+                if value != default:
+                    raise ValueError(
+                        f"{name}={value!r} needs save_folder, which was not given (no checkpoint is written without "
+                        f"it): pass save_folder=... or drop {name}"
+                    )
+        if flags[1] and load_path is None:
+            raise ValueError(
+                "load_weights_only=True needs load_path, the checkpoint to take the weights from, which was not given"
+            )
+        weights_only_options: tuple[tuple[str, object, bool], ...] = (
+            ("load_ignore_keys", list(patterns), bool(patterns)),
+            ("load_strict_model_weights", strict, not flags[2]),
+        )
+        for option, setting, changed in weights_only_options:
+            if changed and not flags[1]:
+                raise ValueError(
+                    f"{option}={setting!r} applies only with load_weights_only=True (a full resume from load_path "
+                    f"loads every tensor strictly): pass load_weights_only=True or drop {option}"
+                    if load_path is not None
+                    else f"{option}={setting!r} applies only with load_path and load_weights_only=True, neither of "
+                    f"which was given: pass both, or drop {option}"
+                )
+        return cls(int(keep), flags[0], flags[1], flags[2], patterns)
 
 
 def autoresume_path(save_folder: str | Path | None, load_path: str | Path | None) -> str | Path | None:

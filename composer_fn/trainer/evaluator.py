@@ -53,10 +53,15 @@ class Evaluator:
             for name, metric in self.metrics.items():
                 if not isinstance(name, str) or not name or "/" in name:
                     raise ValueError(f"metrics has the name {name!r}: expected a non-empty name without '/'")
+                if isinstance(metric, type) and issubclass(metric, Metric):
+                    raise TypeError(
+                        f"metrics[{name!r}] is the class {metric.__name__}; pass an instance: {metric.__name__}(...)"
+                    )
                 if not isinstance(metric, Metric):
                     raise TypeError(
                         f"metrics[{name!r}] of type {type(metric).__name__}: expected a torchmetrics.Metric, such "
                         "as torchmetrics.classification.MulticlassAccuracy(num_classes=10)"
                     )
         if self.subset_num_batches is not None:
-            validate.integer("subset_num_batches", self.subset_num_batches, minimum=1, hint="batches")
+            count = validate.integer("subset_num_batches", self.subset_num_batches, minimum=1, hint="batches")
+            object.__setattr__(self, "subset_num_batches", count)

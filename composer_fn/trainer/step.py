@@ -99,11 +99,14 @@ def cross_entropy_loss(target_key: int | str = 1) -> LossFn:
     return loss_fn
 
 
-def check_class_targets(outputs: Tensor, target: Tensor, target_key: int | str) -> None:
+def check_class_targets(
+    outputs: Tensor, target: Tensor, target_key: int | str, where: str = "the first batch"
+) -> None:
     """Raises ``ValueError`` when integer ``target`` holds a class that ``outputs`` (of one or more samples) lack.
 
     Classes are ``[0, C)`` with ``C`` the outputs' class dim (the last for class-last sequence outputs, else
-    dim 1); -100 marks positions without a label, as in cross-entropy. Probability targets pass.
+    dim 1); -100 marks positions without a label, as in cross-entropy. Probability targets pass. ``where`` names
+    the batch in the error (``"eval_dataloader's first batch"``).
     """
     if target.is_floating_point() or target.numel() == 0 or outputs.dim() < 2:
         return
@@ -114,7 +117,7 @@ def check_class_targets(outputs: Tensor, target: Tensor, target_key: int | str) 
     low, high = int(labelled.min()), int(labelled.max())
     if low < 0 or high >= classes:
         raise ValueError(
-            f"the first batch's targets (batch[{target_key!r}]) hold class {high if high >= classes else low}, but "
+            f"{where}'s targets (batch[{target_key!r}]) hold class {high if high >= classes else low}, but "
             f"the model's outputs have {classes} classes: class-index targets must lie in [0, {classes}) (-100 "
             "marks a position without a label)"
         )

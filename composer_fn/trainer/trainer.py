@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import functools
 import gc
 import itertools
 import math
+import os
+import re
 import sys
 import time
 import warnings
@@ -70,6 +74,15 @@ from composer_fn.trainer.checkpoint import (
     remove_stale_temporaries,
     save_checkpoint,
     with_recorded_surgeries,
+)
+from composer_fn.trainer.checks import (
+    available_device,
+    check_loss_signature,
+    check_predict_input,
+    first_line,
+    input_expectation,
+    logged_metrics,
+    plain_metadata,
 )
 from composer_fn.trainer.evaluation import evaluate, measure
 from composer_fn.trainer.evaluator import Evaluator
@@ -137,33 +150,51 @@ class Trainer:
         precision: ``'fp32'``, ``'bf16-mixed'`` or ``'fp16-mixed'`` (autocast inside the step; fp16 with dynamic
             loss scaling, ``composer_fn.trainer.loss_scale``, whose scale is checkpointed with the run).
         compile: False, True (inductor) or the name of a ``torch.compile`` backend.
-        callbacks, loggers: observers and metric destinations. An eager run updates the state's tensors in place
-            (the trainer owns them), so a callback that keeps a tensor past its call keeps a clone.
+        callbacks: observers (``composer_fn.callbacks``), called at the run's events with read-only state. An
+            eager run updates the state's tensors in place (the trainer owns them), so a callback that keeps a
+            tensor past its call keeps a clone.
+        loggers: metric destinations (``composer_fn.loggers``): each receives the training records every
+            ``log_interval`` and every evaluation's metrics.
         save_folder: where checkpoints go (``ep{epoch}-ba{batch}.pt`` and ``latest.pt``); None saves nothing.
             Temporary files an interrupted write left there are removed when the trainer is built.
-        save_interval: how often to checkpoint when ``save_folder`` is set.
+        save_interval: how often to checkpoint (default ``'1ep'``); needs ``save_folder``.
         save_num_checkpoints_to_keep: how many of the newest checkpoints stay in ``save_folder``; -1 keeps all.
+            Needs ``save_folder``.
         save_weights_only: checkpoints hold the parameters and buffers only (to start other runs from, not to
-            resume this one).
-        save_metadata: plain values (strings, numbers, lists, dicts) stored in every checkpoint, read back by
-            ``composer_fn.trainer.checkpoint.checkpoint_metadata``: how to rebuild the model, the data it took.
+            resume this one). Needs ``save_folder``.
+        save_metadata: plain values (strings, numbers, booleans, lists, dicts) stored in every checkpoint, read back
+            by ``composer_fn.trainer.checkpoint.checkpoint_metadata``: how to rebuild the model, the data it took.
         load_path: a checkpoint to resume from. Surgery algorithms (``Capabilities.rewrites``) the checkpoint records
             but the trainer was not given are re-applied, in the recorded order, before its tensors load. A
             checkpoint of a run with another ``max_duration`` resumes with a warning: the schedule's length changed.
         load_weights_only: take only the parameters and buffers from ``load_path`` and start a new run (another
-            optimizer or other algorithms allowed).
+            optimizer or other algorithms allowed). Needs ``load_path``.
         load_strict_model_weights: with ``load_weights_only``, whether every name must be in both the checkpoint
-            and the model (False skips names in one only; shapes must always match).
-        load_ignore_keys: with ``load_weights_only``, ``fnmatch`` patterns of names not to load (``['head.*']``).
+            and the model (False skips names in one only; shapes must always match). A load that would take no
+            parameter at all is refused.
+        load_ignore_keys: with ``load_weights_only``, ``fnmatch`` patterns of names not to load (``['head.*']``);
+            each must match a name of the checkpoint or the model.
         autoresume: resume from the newest checkpoint in ``save_folder`` when there is one (it takes precedence
-            over ``load_path``), else start from ``load_path`` or fresh: rerunning an interrupted job continues it.
-        loss_fn: ``loss_fn(outputs, batch)``; default cross-entropy against ``batch[target_key]``.
+            over ``load_path``, and loads the whole run even with ``load_weights_only``), else start from
+            ``load_path`` or fresh: rerunning an interrupted job continues it.
+        device: where the run trains (``'cpu'``, ``'cuda'``, ``'cuda:1'`` or a ``torch.device``); None takes the
+            first GPU when there is one (under torchrun, the ``LOCAL_RANK``-th), else the CPU.
+        loss_fn: ``loss_fn(outputs, batch)`` (any callable of two positional arguments); default cross-entropy
+            against ``batch[target_key]``.
         per_sample_loss_fn: ``fn(outputs, batch) -> [B]`` for algorithms that need per-sample losses; default
             per-sample cross-entropy with the default loss, else ``loss_fn`` vectorized over samples (vmap).
-        eval_interval: how often to evaluate.
+        input_key: where a batch holds the model's input: an index into a tuple or list batch, or a key of a
+            dict batch (default 0).
+        target_key: where a batch holds the targets the default loss reads, as ``input_key`` (default 1).
+        eval_interval: how often to evaluate (default ``'1ep'``); needs ``eval_dataloader``. Before the first step,
+            each evaluator's first batch goes through the model and its metrics once (nothing of the run changes),
+            so that outputs its metrics cannot take, or labels the model has no class for, are refused up front.
         log_interval: how often loggers and monitors receive a training record (default every 50 batches, as
             Lightning's and timm's: a record costs some 100-300 µs with TensorBoard, console and monitors on, so
             a much shorter interval shows on a fast step).
+        progress_bar: show a progress bar of the run's steps on stderr (rank 0 only).
+        passes: the pure passes that order the algorithms at each event
+            (``composer_fn.core.passes.DEFAULT_PASSES``: Composer's order).
         grad_mode: ``'autograd'`` (default eager) or ``'func'`` (default when compiling).
         device_train_microbatch_size: cut each of this process's batches into microbatches of this many samples
             and accumulate their gradients (each weighted by its share of the global batch) into one step; the
@@ -198,7 +229,7 @@ class Trainer:
         callbacks: Sequence[Callback] = (),
         loggers: Sequence[Logger] = (),
         save_folder: str | Path | None = None,
-        save_interval: str | int | Time = "1ep",
+        save_interval: str | int | Time | None = None,
         save_num_checkpoints_to_keep: int = -1,
         save_weights_only: bool = False,
         save_metadata: Mapping[str, Any] | None = None,
@@ -212,7 +243,7 @@ class Trainer:
         per_sample_loss_fn: LossFn | None = None,
         input_key: int | str = 0,
         target_key: int | str = 1,
-        eval_interval: str | int | Time = "1ep",
+        eval_interval: str | int | Time | None = None,
         log_interval: str | int | Time = "50ba",
         progress_bar: bool = True,
         passes: Sequence[Pass] = DEFAULT_PASSES,
@@ -223,8 +254,12 @@ class Trainer:
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model of type {type(model).__name__}: expected a torch.nn.Module")
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision={precision!r} must be one of {', '.join(PRECISIONS)}")
+        if not isinstance(precision, str) or precision not in PRECISIONS:
+            meant = [p for p in PRECISIONS if isinstance(precision, str) and precision and p.startswith(precision.lower())]
+            raise ValueError(
+                f"precision={precision!r} must be one of {', '.join(PRECISIONS)}"
+                + (f" (did you mean {meant[0]!r}?)" if len(meant) == 1 else "")
+            )
         if not hasattr(train_dataloader, "__len__"):
             raise TypeError("train_dataloader must have a length (batches per epoch) to schedule epochs")
         evaluators = _evaluators(eval_dataloader)
@@ -232,15 +267,31 @@ class Trainer:
             (f"eval_dataloader ({e.label})" if e.dataloader is not eval_dataloader else "eval_dataloader", e.dataloader) for e in evaluators
         ]
         for argument, loader in loaders:
+            if isinstance(loader, tuple | list) and loader and all(isinstance(item, Tensor) for item in loader):
+                raise TypeError(
+                    f"{argument} is a {type(loader).__name__} of {len(loader)} tensors, so each tensor would be a batch; "
+                    "expected batches holding inputs and targets (tuples, lists or mappings): "
+                    "composer_fn.data.TensorLoader((inputs, targets), batch_size), or [(inputs, targets)] for one batch"
+                )
             if isinstance(loader, Iterator):
                 raise TypeError(
                     f"{argument} is a one-shot iterator ({type(loader).__name__}), empty after its first pass; pass "
                     "something iterable again each epoch: a DataLoader, a TensorLoader, a list of batches"
                 )
+        for argument, loader in loaders[1:]:
+            if hasattr(loader, "__len__") and len(loader) == 0:
+                raise ValueError(f"{argument} is empty: an evaluation needs at least one batch")
         if not any(True for _ in model.parameters()):
             raise ValueError(f"model={type(model).__name__} has no parameters to train")
         self.algorithms = _algorithms(algorithms)
         target_device = _device(device if device is not None else distributed.local_device(None))
+        native = {"bf16-mixed": "_is_mkldnn_bf16_supported", "fp16-mixed": "_is_mkldnn_fp16_supported"}.get(precision)
+        if native is not None and target_device.type == "cpu" and not getattr(torch.ops.mkldnn, native)():
+            warnings.warn(
+                f"precision={precision!r} on this CPU, which lacks instructions for its 16-bit format, runs several "
+                "times slower than 'fp32' (autocast emulates it); use precision='fp32' on this machine",
+                stacklevel=2,
+            )
         self.world = distributed.setup(target_device, dist_timeout)
         distributed.check_loader(train_dataloader, "train_dataloader", self.world)
         for argument, loader in loaders[1:]:
@@ -261,12 +312,18 @@ class Trainer:
             load_strict_model_weights,
             load_ignore_keys,
             autoresume,
+            load_path=load_path,
         )
+        given_load_path = load_path
         if autoresume:
             # Rank 0 decides, so that every rank resumes from the same checkpoint.
             load_path = self.world.broadcast(autoresume_path(save_folder, load_path) if self.world.main else None)
+        # A run resumed from its own save folder loads all of it: load_weights_only is for the run's first start
+        # from load_path (as Composer's autoresume).
+        self._resuming = load_path is not None and load_path is not given_load_path
+        self._load_argument = "save_folder's newest checkpoint" if self._resuming else "load_path"
         if load_path is not None:
-            self.algorithms = with_recorded_surgeries(self.algorithms, load_path)
+            self.algorithms = with_recorded_surgeries(self.algorithms, load_path, argument=self._load_argument)
         for algorithm in self.algorithms:
             missing = algorithm.requires - SUPPORTED_REQUIREMENTS
             if missing:
@@ -274,7 +331,7 @@ class Trainer:
                     f"algorithm {algorithm.name!r} requires {sorted(missing)} from the trainer, which provides "
                     f"{sorted(SUPPORTED_REQUIREMENTS) or 'none'} of {sorted(REQUIREMENTS)}"
                 )
-        self.passes = tuple(passes)
+        self.passes = _passes(passes)
         self.train_dataloader = train_dataloader
         self.evaluators = evaluators
         self.eval_dataloader = eval_dataloader
@@ -299,11 +356,10 @@ class Trainer:
             )
         self.input_key = validate.batch_key("input_key", input_key)
         self.target_key = validate.batch_key("target_key", target_key)
-        for argument, function in (("loss_fn", loss_fn), ("per_sample_loss_fn", per_sample_loss_fn)):
-            if function is not None and not callable(function):
-                raise TypeError(f"{argument}={function!r}: expected a function (outputs, batch) -> loss")
+        check_loss_signature("loss_fn", loss_fn)
+        check_loss_signature("per_sample_loss_fn", per_sample_loss_fn)
         self._default_loss = loss_fn is None
-        self.loss_fn = loss_fn if loss_fn is not None else cross_entropy_loss(target_key)
+        self.loss_fn = _scalar_loss(loss_fn) if loss_fn is not None else cross_entropy_loss(target_key)
         if per_sample_loss_fn is None and loss_fn is None:
             per_sample_loss_fn = cross_entropy_per_sample_loss(target_key)
         self.per_sample_loss_fn = per_sample_loss_fn
@@ -312,10 +368,12 @@ class Trainer:
             _check_backend(self.compile)
         self.grad_mode: GradMode = grad_mode or ("func" if self.compile else "autograd")
         validate.choice("grad_mode", str(self.grad_mode), GRAD_MODES)
+        if save_folder is not None and not (isinstance(save_folder, str | os.PathLike) and str(save_folder)):
+            raise ValueError(f"save_folder={save_folder!r}: expected a folder path (or None to save nothing)")
         self.save_folder = Path(save_folder) if save_folder is not None else None
         if save_metadata is not None and not isinstance(save_metadata, Mapping):
             raise TypeError(f"save_metadata={save_metadata!r}: expected a mapping of plain values, e.g. {{'model': 'resnet18'}}")
-        self.save_metadata = dict(save_metadata or {})
+        self.save_metadata = plain_metadata(dict(save_metadata or {}))
         if self.save_folder is not None and self.save_folder.exists() and not self.save_folder.is_dir():
             raise ValueError(f"save_folder={str(save_folder)!r} is a file; expected a folder (created if missing)")
         if self.save_folder is not None:
@@ -328,11 +386,18 @@ class Trainer:
                 ) from None
             if self.world.main:
                 remove_stale_temporaries(self.save_folder)
-        self.save_interval = _interval(save_interval, "save_interval") if save_folder is not None else None
-        self.eval_interval = _interval(eval_interval, "eval_interval") if evaluators else None
+        for argument, interval, needed, present in (
+            ("save_interval", save_interval, "save_folder", save_folder is not None),
+            ("eval_interval", eval_interval, "eval_dataloader", bool(evaluators)),
+        ):
+            if interval is not None and not present:
+                shown = repr(str(interval)) if isinstance(interval, Time) else repr(interval)
+                raise ValueError(f"{argument}={shown} needs {needed}, which was not given: pass {needed} or drop {argument}")
+        self.save_interval = _interval("1ep" if save_interval is None else save_interval, "save_interval") if save_folder is not None else None
+        self.eval_interval = _interval("1ep" if eval_interval is None else eval_interval, "eval_interval") if evaluators else None
         self._every = {e.label: _every(e, self.eval_interval) for e in evaluators}
         self.log_interval = _interval(log_interval, "log_interval")
-        self.progress_bar = progress_bar and self.world.main
+        self.progress_bar = validate.flag("progress_bar", progress_bar) and self.world.main
         if profiler is not None and not isinstance(profiler, Profiler):
             raise TypeError(f"profiler of type {type(profiler).__name__}: expected a composer_fn.profiler.Profiler")
         self.profiler = profiler
@@ -355,10 +420,21 @@ class Trainer:
         self._stoppers = tuple((a.name, rule) for a in self.algorithms if (rule := a.capabilities().stops) is not None)
         self._measured: list[str] = []
         _check_watched(self.algorithms, self.evaluators)
+        logged = logged_metrics(
+            self.evaluators,
+            [c for c in self.callbacks if type(c).log_metrics is not Callback.log_metrics],
+            self._default_loss,
+        )
+        for algorithm in self.algorithms:
+            capabilities = algorithm.capabilities()
+            if capabilities.checks_logged is not None and capabilities.watches in logged:
+                capabilities.checks_logged(logged[capabilities.watches])
         self._observed = frozenset(self._handlers) | {e for a in self.algorithms for e in a.host_hooks()}
         self._bar: Any = None
         self._window: tuple[float, int] = (0.0, 0)
         self._unchecked = False
+        self._evaluators_checked = False
+        self._trained_input: tuple[tuple[int, ...], torch.dtype] | None = None
         self._loss: Tensor | None = None
         self._last_plan: tuple[Timestamp | None, BatchMeta | None, Plan | None] = (None, None, None)
         self._last_step: tuple[Any, ...] = (None, None, None, None)
@@ -398,7 +474,7 @@ class Trainer:
             module=structure,
             precision=precision,
             device=target_device,
-            seed=seed,
+            seed=int(seed) if validate.is_integer(seed) else seed,
             train_inputs=self._train_inputs if wants_data else None,
         )
         state = initial_state(structure, R.key(seed, device=target_device))
@@ -406,7 +482,13 @@ class Trainer:
         plan = self._plan(self.timestamp)
         for diagnostic in plan.diagnostics:
             warnings.warn(diagnostic, stacklevel=2)
-        self.static, state = run_host_event(Event.INIT, plan, self.static, state, self.timestamp)
+        self.no_effect: tuple[str, ...] = ()
+        """The names of the algorithms that warned they change nothing in this run (a surgery that finds nothing
+        to rewrite, a method whose settings make it a no-op): summaries leave them out or mark them."""
+        messages = _construction_warnings(self.algorithms)
+        with _passed_on(messages) if self.algorithms else contextlib.nullcontext():
+            self.static, state = run_host_event(Event.INIT, plan, self.static, state, self.timestamp)
+        self.no_effect = _no_effect(self.algorithms, messages)
         state = state.replace(
             opt=self.tx.init(state.params),
             algos={a.name: a.init(self.static, state) for a in self.algorithms},
@@ -492,8 +574,10 @@ class Trainer:
         # Once, on the first batch, with the default loss: a class index the model has no output for fails deep
         # inside cross-entropy (on a GPU, as a device-side assertion). One sample's evaluation forward, by the
         # evaluation step without hooks and uncompiled, gives the class count.
-        target = batch_get(batch, self.target_key)
-        if not self._default_loss or not isinstance(target, Tensor) or target.is_floating_point():
+        if not self._default_loss:
+            return
+        target = _item(batch, self.target_key, "target_key", "train_dataloader's first batch")
+        if not isinstance(target, Tensor) or target.is_floating_point():
             return
         first = pytree.tree_map(
             lambda t: t[:1] if isinstance(t, Tensor) and t.dim() else t, batch_get(batch, self.input_key)
@@ -503,11 +587,105 @@ class Trainer:
         training = module.training
         try:
             module.eval()
-            outputs = step(self.state, batch_set(batch, self.input_key, first))
+            outputs = self._forward(step, batch_set(batch, self.input_key, first), "train_dataloader's first batch")
         finally:
             module.train(training)
         if isinstance(outputs, Tensor):
-            check_class_targets(outputs, target, self.target_key)
+            check_class_targets(outputs, target, self.target_key, "train_dataloader's first batch")
+
+    def _forward(self, step: Callable[[State, Any], Any], batch: Any, where: str) -> Any:
+        # The model's outputs on a batch taken to check the run's set-up; a model that cannot take it is refused
+        # naming the batch, its shape and what the model takes.
+        try:
+            return step(self.state, batch)
+        except (RuntimeError, ValueError, TypeError, IndexError) as error:
+            if distributed.is_out_of_memory(error):
+                raise
+            inputs = batch_get(batch, self.input_key)
+            shape = f"inputs of {_described(inputs)}"
+            expected = input_expectation(self.static.module, self._trained_input)
+            raise ValueError(
+                f"the model fails on {where} ({shape}): {first_line(error)}" + (f"; {expected}" if expected else "")
+            ) from error
+
+    def _check_evaluators(self) -> None:
+        # Once, before the first step or evaluation: each evaluator's first batch goes through the model (eval
+        # mode, no gradient, the evaluation step without hooks) and through clones of its metrics, or through the
+        # default accuracy and loss, so that outputs a metric cannot take or labels the model has no class for are
+        # refused before training, not at its first evaluation. Nothing of the run changes: the metrics measured
+        # are clones, and torch's random state is put back after the loader's first batch is drawn.
+        if self._evaluators_checked or not self.evaluators:
+            return
+        step = make_eval_step(self.static, make_plan((), timestamp=self.timestamp), input_key=self.input_key)
+        module = self.static.module
+        training = module.training
+        try:
+            module.eval()
+            for evaluator in self.evaluators:
+                self._check_evaluator(evaluator, step)
+        finally:
+            module.train(training)
+        self._evaluators_checked = True
+
+    def _check_evaluator(self, evaluator: Evaluator, step: Callable[[State, Any], Any]) -> None:
+        argument = "eval_dataloader" if evaluator.dataloader is self.eval_dataloader else f"Evaluator({evaluator.label!r})"
+        with torch.random.fork_rng(devices=[]):
+            raw = next(iter(evaluator.dataloader), None)
+        if raw is None:
+            raise ValueError(f"{argument} yields no batch: an evaluation needs at least one")
+        if not isinstance(raw, tuple | list | Mapping):
+            raise TypeError(
+                f"{argument} yields {type(raw).__name__} batches; expected tuples or lists (inputs, targets) or "
+                "mappings, read at input_key and target_key"
+            )
+        batch = self._to_device(raw)
+        where = f"{argument}'s first batch"
+        inputs = _item(batch, self.input_key, "input_key", where)
+        target = _item(batch, self.target_key, "target_key", where)
+        if not isinstance(target, Tensor):
+            raise TypeError(f"{where} has targets (batch[{self.target_key!r}]) of type {type(target).__name__}: expected a tensor")
+        if isinstance(inputs, Tensor) and inputs.dim() and not inputs.shape[0]:
+            return  # a process's empty share of a short batch
+        outputs = self._forward(step, batch, where)
+        measured = f"the model's outputs of {_described(outputs)} against targets of {_described(target)}"
+        if evaluator.metrics is None:
+            if self._default_loss and isinstance(outputs, Tensor):
+                check_class_targets(outputs, target, self.target_key, where)
+            try:
+                evaluate(
+                    lambda state, batch: outputs,
+                    self.state,
+                    [batch],
+                    loss_fn=self.loss_fn,
+                    target_key=self.target_key,
+                    input_key=self.input_key,
+                    device=self.static.device,
+                    on_event=lambda event: None,
+                )
+            except (RuntimeError, ValueError, TypeError, IndexError, AttributeError) as error:
+                raise ValueError(
+                    f"{argument}: the default evaluation (classification accuracy and loss_fn) fails on {measured}: "
+                    f"{first_line(error)}; pass an Evaluator with metrics that fit the model's outputs (e.g. "
+                    "torchmetrics.MeanSquaredError() for a regression)"
+                ) from error
+            return
+        for name, metric in evaluator.metrics.items():
+            probe = metric.clone()
+            if hasattr(probe, "sync_on_compute"):
+                probe.sync_on_compute = False  # the probe is this process's alone
+            try:
+                probe.to(outputs.device).update(outputs, target)
+                value = probe.compute()
+            except Exception as error:  # noqa: BLE001 -- torchmetrics refuses unfit inputs with any kind of error
+                raise ValueError(
+                    f"Evaluator({evaluator.label!r}): metrics[{name!r}] ({type(metric).__name__}) cannot measure "
+                    f"{measured}: {first_line(error)}"
+                ) from error
+            if not isinstance(value, Tensor) or value.numel() != 1:
+                raise ValueError(
+                    f"Evaluator({evaluator.label!r}): metrics[{name!r}] ({type(metric).__name__}) computes "
+                    f"{_described(value)}: expected one number (a per-class metric needs average='macro' or 'micro')"
+                )
 
     def _counting_backend(self) -> Callable[..., Any]:
         from torch._dynamo import lookup_backend
@@ -572,6 +750,9 @@ class Trainer:
         the trainer's own actions (the step, logging, evaluation, checkpoints) where the schedule puts them.
         """
         self.static.module.train()
+        self._check_evaluators()
+        for logger in self.loggers:
+            logger.fit_start(self.timestamp.batch)  # 0: a fresh run; a resumed one starts at its checkpoint's batch
         self._log({"kind": "hparams", **hparams_of(self)})
         if self.loggers and self.algorithms:
             self._log({"kind": "schedule", "table": self._schedule()})
@@ -609,13 +790,20 @@ class Trainer:
         reply: Progress | Action | None = None
         if self.profiler is not None:
             self._profile = ProfileSession(self.profiler, self.world.rank)
-            self._profile.start()
+            self._profile.start(self.max_steps - self.timestamp.batch)
+        # Warnings up to the end of the first step (host hooks that look at the first batch) say which algorithms
+        # change nothing in this run.
+        first_step, noted = contextlib.ExitStack(), list[str]()
+        if self.algorithms:
+            first_step.enter_context(_passed_on(noted))
         try:
             while True:
                 what, self.timestamp = ticks.send(reply)
                 action = actions.get(what)
                 if action is not None:
                     reply = action()
+                    if what is Action.STEP:
+                        first_step.close()
                 else:
                     # Every Action has an entry above: what is left are events.
                     reply = None
@@ -624,6 +812,8 @@ class Trainer:
         except StopIteration:
             pass
         finally:
+            first_step.close()
+            self.no_effect = tuple(dict.fromkeys((*self.no_effect, *_no_effect(self.algorithms, noted))))
             self._bar.close()
             self._hand_over()  # what was logged before an error too
             self._batches = self._batch = None
@@ -671,6 +861,8 @@ class Trainer:
                 f"train_dataloader yields {type(raw).__name__} batches; expected tuples or lists (inputs, targets) "
                 "or mappings, read at input_key and target_key"
             )
+        if self._unchecked:
+            _item(raw, self.input_key, "input_key", "train_dataloader's first batch")
         meta = batch_meta(raw, self.input_key)
         self._meta = self._global_meta(meta) if self.world.size > 1 else meta
         self._batch = self._to_device(raw)
@@ -679,6 +871,9 @@ class Trainer:
             self._rank_batch = self._rank_batch or meta.batch_size
             self._check_input_range(self._batch)
             self._check_targets(self._batch)
+            given = batch_get(raw, self.input_key)
+            if isinstance(given, Tensor):
+                self._trained_input = (tuple(given.shape), given.dtype)
             self._unchecked = False
         return None
 
@@ -903,6 +1098,7 @@ class Trainer:
         """Returns the evaluation metrics of the current state on every evaluator (``eval_dataloader``)."""
         if not self.evaluators:
             raise ValueError("eval() needs an eval_dataloader; none was given to the Trainer")
+        self._check_evaluators()
         return self._evaluate(standalone=True)
 
     def predict(self, dataloader: Iterable[Any]) -> list[Any]:
@@ -911,26 +1107,53 @@ class Trainer:
         Batches are as in training (the input at ``input_key``), or input tensors alone.
 
         Under several processes each returns the outputs of the batches its own loader gives it.
+
+        Inputs that cannot be the model's are refused naming the batch: not a tensor, or another number of dims,
+        channels or features than the batches it trained on (after ``fit``); a batch the model fails on is
+        refused with what its first layer takes.
         """
-        if not isinstance(dataloader, Iterable):
-            raise TypeError(f"dataloader of type {type(dataloader).__name__}: expected an iterable of batches")
+        if isinstance(dataloader, str | bytes) or not isinstance(dataloader, Iterable):
+            raise TypeError(
+                f"dataloader of type {type(dataloader).__name__}: expected an iterable of batches (a loader, a list of "
+                "batches, or a list of input tensors)"
+            )
+        if isinstance(dataloader, Tensor):
+            raise TypeError(
+                f"dataloader is a tensor of shape {tuple(dataloader.shape)}, whose rows would be taken as batches: "
+                "pass a list of batches, e.g. [inputs]"
+            )
         module = self.static.module
         module.eval()
         outputs: list[Any] = []
         try:
             self._host_event(Event.PREDICT_START)
             step = self._eval_step(self._plan(self.timestamp), predict=True)
-            for batch in map(self._to_device, dataloader):
+            for index, batch in enumerate(map(self._to_device, dataloader)):
                 # A batch of inputs alone is the loader's whole batch, not a tuple to index.
-                batch = (batch,) if isinstance(batch, Tensor) else batch
+                batch = self._holding(batch) if isinstance(batch, Tensor) else batch
+                if not isinstance(batch, tuple | list | Mapping):
+                    raise TypeError(
+                        f"predict: dataloader's batch {index} is a {type(batch).__name__}: expected a tensor of inputs, "
+                        f"or a tuple, list or mapping holding them at input_key={self.input_key!r}"
+                    )
+                check_predict_input(
+                    batch_get(batch, self.input_key), index, self.input_key, self._trained_input, module
+                )
                 self._host_event(Event.PREDICT_BATCH_START)
-                result = step(self.state, batch)
+                result = self._forward(step, batch, f"predict's dataloader batch {index}")
                 outputs.append(pytree.tree_map(lambda t: t.detach().cpu() if isinstance(t, Tensor) else t, result))
                 self._host_event(Event.PREDICT_BATCH_END)
             self._host_event(Event.PREDICT_END)
         finally:
             module.train()
         return outputs
+
+    def _holding(self, inputs: Tensor) -> Any:
+        # A batch holding ``inputs`` alone at input_key.
+        key = self.input_key
+        if isinstance(key, str):
+            return {key: inputs}
+        return (inputs,) if key in (0, -1) else (*([None] * key), inputs) if key > 0 else (inputs, *([None] * (-key - 1)))
 
     def _save(self) -> None:
         assert self.save_folder is not None
@@ -960,23 +1183,28 @@ class Trainer:
     def _load(self, load_path: str | Path) -> None:
         self._host_event(Event.BEFORE_LOAD)
         options = self._checkpoints
-        if options.load_weights_only:
+        if options.load_weights_only and not self._resuming:
             self.state = load_weights(
                 load_path,
                 self.state,
                 device=self.static.device,
                 strict=options.load_strict_model_weights,
                 ignore_keys=options.load_ignore_keys,
+                argument=self._load_argument,
             )
             self._host_event(Event.AFTER_LOAD)
             return
         checkpoint = load_checkpoint(
-            load_path, self.state, device=self.static.device, algorithms=algorithms_to_json(self.algorithms)
+            load_path,
+            self.state,
+            device=self.static.device,
+            algorithms=algorithms_to_json(self.algorithms),
+            argument=self._load_argument,
         )
         length = self.timestamp.max_duration
         if checkpoint.max_duration is not None and length is not None and checkpoint.max_duration != str(length):
             warnings.warn(
-                f"load_path={str(load_path)!r} was saved by a run of {checkpoint.max_duration}; this run has "
+                f"{self._load_argument}={str(load_path)!r} was saved by a run of {checkpoint.max_duration}; this run has "
                 f"max_duration={self.max_duration} ({length}): the schedule's length changed, so schedules and "
                 "warm-ups measured in fractions of the run continue on the new length",
                 stacklevel=3,
@@ -985,7 +1213,7 @@ class Trainer:
         self.timestamp = checkpoint.timestamp.with_max_duration(self.timestamp.max_duration)
         if self.timestamp.batch >= self.max_steps:
             warnings.warn(
-                f"load_path={str(load_path)!r} holds a run at batch {self.timestamp.batch}, which max_duration="
+                f"{self._load_argument}={str(load_path)!r} holds a run at batch {self.timestamp.batch}, which max_duration="
                 f"{self.max_duration} ({self.max_steps} batches) has already reached: fit() will train nothing",
                 stacklevel=3,
             )
@@ -1031,6 +1259,86 @@ def _algorithms(algorithms: object) -> tuple[Algorithm, ...]:
     return algorithms
 
 
+_NO_EFFECT = re.compile(r"changes nothing|has no effect|does nothing")
+
+
+def _no_effect(algorithms: Sequence[Algorithm], messages: Iterable[str]) -> tuple[str, ...]:
+    # The algorithms (by class or registered name) that one of the warnings says change nothing.
+    said = [m for m in messages if _NO_EFFECT.search(m)]
+    return tuple(a.name for a in algorithms if any(type(a).__name__ in m or a.name in m for m in said))
+
+
+@contextlib.contextmanager
+def _passed_on(messages: list[str]) -> Iterator[None]:
+    # Warnings raised meanwhile reach the user as they would have; their messages are added to ``messages``.
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # type: ignore[assignment]
+            yield
+    finally:
+        for warning in caught:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno, source=warning.source)
+        messages.extend(str(warning.message) for warning in caught)
+
+
+def _construction_warnings(algorithms: Sequence[Algorithm]) -> list[str]:
+    # A record says at construction when its settings make it change nothing (MixUp(alpha=0)); rebuilding it with
+    # warnings recorded hears that again without showing it to the user a second time.
+    messages = []
+    for algorithm in algorithms:
+        if not dataclasses.is_dataclass(algorithm):
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                dataclasses.replace(algorithm)
+            except Exception:  # noqa: BLE001 -- a record that cannot be rebuilt says nothing more
+                continue
+        messages += [str(warning.message) for warning in caught]
+    return messages
+
+
+def _scalar_loss(loss_fn: LossFn) -> LossFn:
+    # A loss that is not one number fails deep inside autograd ("grad can be implicitly created only for scalar
+    # outputs"); the check reads the shape only, so it costs nothing a compiled step would notice.
+    @functools.wraps(loss_fn)
+    def checked(outputs: Any, batch: Any) -> Tensor:
+        loss = loss_fn(outputs, batch)
+        if not isinstance(loss, Tensor) or loss.dim():
+            raise TypeError(
+                f"loss_fn returned {_described(loss)}: expected a 0-dim tensor, one number for the batch (e.g. the "
+                "mean of per-sample losses)"
+            )
+        return loss
+
+    return checked
+
+
+def _item(batch: Any, key: int | str, argument: str, where: str) -> Any:
+    # The batch's item at ``key``; a key the batch lacks is refused naming the argument it came from.
+    try:
+        return batch_get(batch, key)
+    except KeyError:
+        held = f"keys {list(batch)}" if isinstance(batch, Mapping) else f"{len(batch)} items" if isinstance(batch, tuple | list) else type(batch).__name__
+        raise ValueError(f"{argument}={key!r}: {where} has no item {key!r} (it holds {held})") from None
+
+
+def _described(value: object) -> str:
+    if isinstance(value, Tensor):
+        return f"shape {tuple(value.shape)} ({str(value.dtype).removeprefix('torch.')})"
+    return f"type {type(value).__name__}"
+
+
+def _passes(passes: object) -> tuple[Pass, ...]:
+    if isinstance(passes, str) or not isinstance(passes, Iterable) or callable(passes):
+        raise TypeError(f"passes={passes!r}: expected a sequence of passes, e.g. composer_fn.core.passes.DEFAULT_PASSES")
+    given = tuple(passes)
+    for index, item in enumerate(given):
+        if not callable(item):
+            raise TypeError(f"passes[{index}]={item!r}: expected a pass, a function (algorithms, event) -> algorithms")
+    return given
+
+
 def _check_optimizer(optimizer: object) -> None:
     torch_optimizer = isinstance(optimizer, torch.optim.Optimizer) or (
         isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer)
@@ -1041,6 +1349,12 @@ def _check_optimizer(optimizer: object) -> None:
             f"optimizer={name} is a torch.optim optimizer, which holds the model's tensors; the Trainer takes a "
             "gradient transformation that holds none: composer_fn.optim.sgd, sgdw, adam, adamw or decoupled_adamw, "
             "e.g. optimizer=composer_fn.optim.sgd(0.1, momentum=0.9)"
+        )
+    if callable(optimizer) and getattr(optimizer, "__module__", "").startswith("composer_fn.optim"):
+        name = getattr(optimizer, "__name__", "optimizer")
+        raise TypeError(
+            f"optimizer=composer_fn.optim.{name} is the function that makes a gradient transformation; call it: "
+            f"optimizer=composer_fn.optim.{name}(0.1)"
         )
     if not isinstance(optimizer, GradientTransformation):
         raise TypeError(
@@ -1053,6 +1367,8 @@ def _instances(argument: str, given: object, kind: type[_T]) -> tuple[_T, ...]:
         raise TypeError(f"{argument}={given!r}: expected a list of {kind.__name__} instances")
     items = tuple(given)
     for index, item in enumerate(items):
+        if isinstance(item, type) and issubclass(item, kind):
+            raise TypeError(f"{argument}[{index}] is the class {item.__name__}; pass an instance: {item.__name__}(...)")
         if not isinstance(item, kind):
             raise TypeError(f"{argument}[{index}]={item!r}: expected a {kind.__name__} instance")
     return items
@@ -1069,16 +1385,18 @@ def _check_backend(backend: str) -> None:
 def _device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as error:
-        raise ValueError(f"device={device!r} is not a device ('cpu', 'cuda', 'cuda:1', ...): {error}") from None
+    return available_device(device)
 
 
 def _evaluators(eval_dataloader: Any) -> tuple[Evaluator, ...]:
     # A plain loader is the evaluator labelled 'eval' (Composer's default label): eval/eval/accuracy, eval/eval/loss.
     if eval_dataloader is None:
         return ()
+    if isinstance(eval_dataloader, Mapping):
+        raise TypeError(
+            f"eval_dataloader is a mapping of {len(eval_dataloader)} entries: to evaluate on several sets, pass a list "
+            "of Evaluators, e.g. [Evaluator('val', val_loader), Evaluator('test', test_loader)]"
+        )
     if isinstance(eval_dataloader, Evaluator):
         return (eval_dataloader,)
     if isinstance(eval_dataloader, list | tuple) and eval_dataloader and all(isinstance(e, Evaluator) for e in eval_dataloader):

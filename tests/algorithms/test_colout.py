@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from PIL import Image
 
@@ -25,8 +25,8 @@ from composer_fn.testing import CHECKS, make_setup
 
 seeds = st.integers(0, 2**32 - 1)
 sizes = st.integers(1, 5)
-sides = st.integers(1, 12)
-fractions = st.floats(0.0, 1.0)
+sides = st.integers(2, 12)
+fractions = st.floats(0.0, 1.0, exclude_max=True)
 DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -40,18 +40,26 @@ def _pixel_ids(batch: int, height: int, width: int) -> torch.Tensor:
 def test_the_output_keeps_composers_counts_of_rows_and_columns_in_order(
     seed, batch, height, width, p_row, p_col
 ):
+    kept_rows, kept_cols = int((1 - p_row) * height), int((1 - p_col) * width)
+    assume(kept_rows >= 1 and kept_cols >= 1)
     x = _pixel_ids(batch, height, width)
     out = colout_batch(x, p_row, p_col, key=R.key(seed))
-    kept_rows, kept_cols = int((1 - p_row) * height), int((1 - p_col) * width)
     assert out.shape == (batch, 2, kept_rows, kept_cols)
-    if kept_rows and kept_cols:
-        rows, cols = out[0, 0, :, 0] // width, out[0, 0, 0, :] % width
-        assert bool((rows[1:] > rows[:-1]).all()) and bool((cols[1:] > cols[:-1]).all())
-        assert torch.equal(out, x[:, :, rows][:, :, :, cols])
+    rows, cols = out[0, 0, :, 0] // width, out[0, 0, 0, :] % width
+    assert bool((rows[1:] > rows[:-1]).all()) and bool((cols[1:] > cols[:-1]).all())
+    assert torch.equal(out, x[:, :, rows][:, :, :, cols])
+
+
+@given(seeds, sides, sides, fractions, fractions)
+def test_fractions_that_keep_no_row_or_column_are_refused(seed, height, width, p_row, p_col):
+    assume(int((1 - p_row) * height) < 1 or int((1 - p_col) * width) < 1)
+    with pytest.raises(ValueError, match=r"p_(row|col)=.* keeps int\(\(1 - p_(row|col)\) \* (height|width)\) = 0"):
+        colout_params(R.key(seed), height, width, p_row=p_row, p_col=p_col)
 
 
 @given(seeds, sizes, sides, sides, fractions, fractions)
 def test_colout_equals_picking_each_kept_pixel(seed, batch, height, width, p_row, p_col):
+    assume(int((1 - p_row) * height) >= 1 and int((1 - p_col) * width) >= 1)
     x = R.normal(R.key(seed), (batch, 2, height, width))
     params = colout_params(R.key(seed), height, width, p_row=p_row, p_col=p_col)
     out = colout_apply(x, params)
@@ -187,5 +195,5 @@ def test_bad_arguments_name_the_argument_and_value() -> None:
         ColOut(resize_target="yes")
     with pytest.raises(ValueError, match="3 items"):
         colout_batch((torch.zeros(1, 4, 4),) * 3, key=R.key(0))
-    with pytest.raises(TypeError, match="expected a tensor"):
+    with pytest.raises(ValueError, match=r"input of shape \(4,\): expected one image \[C, H, W\] or a batch"):
         colout_batch(torch.zeros(4), key=R.key(0))

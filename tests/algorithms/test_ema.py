@@ -84,14 +84,21 @@ def test_counters_take_the_training_value_and_are_new_tensors() -> None:
     assert updated["bn.num_batches_tracked"] is not count["bn.num_batches_tracked"]
 
 
-def test_compute_ema_averages_only_the_names_the_average_holds() -> None:
+def test_compute_ema_moves_the_average_and_leaves_its_inputs() -> None:
+    model = {"a": torch.ones(2), "b": torch.ones(2)}
+    ema_model = {"a": torch.zeros(2), "b": torch.full((2,), 5.0)}
+    result = compute_ema(model, ema_model, smoothing=0.75)
+    assert set(result) == {"a", "b"}
+    torch.testing.assert_close(result["a"], torch.full((2,), 0.25))
+    torch.testing.assert_close(result["b"], torch.full((2,), 4.0))
+    assert torch.equal(ema_model["a"], torch.zeros(2))
+
+
+def test_compute_ema_refuses_names_that_only_one_side_holds() -> None:
     model = {"a": torch.ones(2), "b": torch.ones(2)}
     ema_model = {"a": torch.zeros(2), "c": torch.full((2,), 5.0)}
-    result = compute_ema(model, ema_model, smoothing=0.75)
-    assert set(result) == {"a", "c"}
-    torch.testing.assert_close(result["a"], torch.full((2,), 0.25))
-    assert torch.equal(result["c"], ema_model["c"])
-    assert torch.equal(ema_model["a"], torch.zeros(2))
+    with pytest.raises(ValueError, match=r"\['b'\] only in model, \['c'\] only in ema_model"):
+        compute_ema(model, ema_model, smoothing=0.75)
 
 
 @given(st.integers(1, 10_000))

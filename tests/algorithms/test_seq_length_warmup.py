@@ -376,7 +376,10 @@ def test_a_run_compiles_one_step_per_distinct_length() -> None:
 def test_the_record_declares_its_name_modality_and_event() -> None:
     algorithm = SeqLengthWarmup()
     assert algorithm.name == "seq_length_warmup" and settings_for(algorithm).modality == "tokens"
-    assert set(algorithm.traced_hooks()) == {Event.AFTER_DATALOADER} and not algorithm.host_hooks()
+    assert set(algorithm.traced_hooks()) == {Event.AFTER_DATALOADER}
+    # The one host hook checks the data's length at the run's first batch, and only there.
+    assert set(algorithm.host_hooks()) == {Event.BATCH_START}
+    assert algorithm.match(Event.BATCH_START, _at(0, "40ba")) and not algorithm.match(Event.BATCH_START, _at(1, "40ba"))
     assert not settings_for(algorithm).stochastic(algorithm)
 
 

@@ -111,9 +111,17 @@ def test_the_early_stopping_rule_is_its_definition(values: list[float], patience
     assert stopped_at == _reference_early_stop(values, patience, min_delta, lower)
 
 
-def test_an_unlogged_metric_is_named_with_what_is_logged() -> None:
-    with pytest.raises(ValueError, match=r"EarlyStopper monitors 'eval/eval/f1', which the run does not log .*eval/eval/accuracy"):
-        _run(EarlyStopper("f1"))
+def test_an_unlogged_metric_is_refused_when_the_trainer_is_built_naming_what_is_logged() -> None:
+    with pytest.raises(ValueError, match=r"EarlyStopper\(monitor='f1'\) reads 'eval/eval/f1', which the run never logs .*eval/eval/accuracy"):
+        Trainer(
+            MLP(6, 3),
+            TensorLoader(DATA, batch_size=8),
+            TensorLoader(HELD_OUT, batch_size=16),
+            max_duration="1ba",
+            optimizer=optim.sgd(0.1),
+            algorithms=[EarlyStopper("f1")],
+            progress_bar=False,
+        )
 
 
 @pytest.mark.parametrize(

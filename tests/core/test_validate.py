@@ -98,3 +98,44 @@ def test_a_bare_number_is_a_time_only_when_a_unit_is_given_for_it() -> None:
         validate.time("warmup", -0.25, (TimeUnit.DURATION,), "0.1dur", number_unit=TimeUnit.DURATION)
     with pytest.raises(ValueError, match="warmup=0.25 must be a time string in dur, e.g."):
         validate.time("warmup", 0.25, (TimeUnit.DURATION,), "0.1dur")
+
+
+@given(st.integers(-(2**31), 2**31 - 1), st.sampled_from(["int8", "int16", "int32", "int64", "uint8", "uint64"]))
+def test_a_numpy_integer_is_an_int_and_comes_back_as_a_python_int(value: int, dtype: str) -> None:
+    import numpy as np
+
+    info = np.iinfo(dtype)
+    scalar = np.dtype(dtype).type(min(max(value, info.min), info.max))
+    result = validate.integer("count", scalar)
+    assert result == int(scalar) and type(result) is int
+    assert validate.batch_key("target_key", scalar) == int(scalar) and type(validate.batch_key("k", scalar)) is int
+
+
+@given(st.floats(-6e4, 6e4, allow_nan=False), st.sampled_from(["float16", "float32", "float64"]))
+def test_a_numpy_float_is_a_real_number_and_comes_back_as_a_python_float(value: float, dtype: str) -> None:
+    import numpy as np
+
+    scalar = np.dtype(dtype).type(value)
+    result = validate.real("rate", scalar)
+    assert result == float(scalar) and type(result) is float
+    assert Time(np.int64(3), TimeUnit.EPOCH).value == 3 and type(Time(np.int64(3), TimeUnit.EPOCH).value) is int
+
+
+def test_a_numpy_bool_or_a_numpy_nan_is_refused_like_python_s() -> None:
+    import numpy as np
+
+    for value in (np.bool_(True), np.bool_(False)):
+        with pytest.raises(ValueError, match="must be an int"):
+            validate.integer("count", value)
+        with pytest.raises(ValueError, match="must be a finite number"):
+            validate.real("rate", value)
+    with pytest.raises(ValueError, match="must be a finite number"):
+        validate.real("rate", np.float32("nan"))
+
+
+def test_a_numpy_bool_is_a_flag_and_comes_back_as_a_python_bool() -> None:
+    import numpy as np
+
+    assert validate.flag("shuffle", np.bool_(True)) is True and validate.flag("shuffle", np.False_) is False
+    with pytest.raises(TypeError, match="shuffle=1 must be True or False"):
+        validate.flag("shuffle", 1)

@@ -125,7 +125,7 @@ def test_invalid_batch_size_raises(batch_size: object) -> None:
         TensorLoader(_dataset(4), batch_size)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("tensors", [[torch.zeros(3)], (), (torch.zeros(3), "labels"), torch.zeros(3)])
+@pytest.mark.parametrize("tensors", [[torch.zeros(3), "labels"], (), (torch.zeros(3), "labels"), torch.zeros(3)])
 def test_tensors_that_are_not_a_tuple_of_tensors_raise_type_error(tensors: object) -> None:
     with pytest.raises(TypeError, match="tensors"):
         TensorLoader(tensors, 2)  # type: ignore[arg-type]

@@ -105,7 +105,7 @@ def test_resuming_a_run_that_is_already_over_warns_that_nothing_will_train(tmp_p
 def test_an_empty_checkpoint_is_refused_naming_its_path(tmp_path: Path) -> None:
     empty = tmp_path / "empty.pt"
     empty.write_bytes(b"")
-    with pytest.raises(ValueError, match=f"load_path='{empty}' is an empty file"):
+    with pytest.raises(ValueError, match=f"load_path='{empty}' is not a checkpoint: it is an empty file"):
         _trainer(load_path=empty)
 
 
@@ -116,7 +116,7 @@ def test_a_truncated_checkpoint_is_refused_naming_its_path_without_unsafe_advice
     whole = _trainer().save_checkpoint(folder / "whole.pt").read_bytes()
     cut = folder / "cut.pt"
     cut.write_bytes(whole[: int(len(whole) * fraction)])
-    with pytest.raises(ValueError, match=f"load_path='{cut}' cannot be read as a checkpoint") as refused:
+    with pytest.raises(ValueError, match=f"load_path='{cut}' is not a checkpoint: it cannot be read") as refused:
         _trainer(load_path=cut)
     assert "weights_only" not in str(refused.value)
 
@@ -182,16 +182,25 @@ def test_a_learning_rate_given_as_the_schedule_is_refused() -> None:
 
 
 def test_a_loader_of_bare_tensors_is_refused_instead_of_reading_rows_as_items() -> None:
-    trainer = _trainer(loader=[DATA[0][:8]] * 4)
+    with pytest.raises(TypeError, match="train_dataloader is a list of 4 tensors, so each tensor would be a batch"):
+        _trainer(loader=[DATA[0][:8]] * 4)
+
+    class Inputs:
+        def __iter__(self):
+            return iter([DATA[0][:8]] * 4)
+
+        def __len__(self) -> int:
+            return 4
+
+    trainer = _trainer(loader=Inputs())
     with pytest.raises(TypeError, match="train_dataloader yields Tensor batches; expected tuples"):
         trainer.fit()
     assert trainer.timestamp.batch == 0
 
 
 def test_an_evaluation_loader_without_batches_is_refused_instead_of_giving_nan() -> None:
-    trainer = _trainer(eval_dataloader=[])
-    with pytest.raises(ValueError, match="eval_dataloader yielded no batch"):
-        trainer.eval()
+    with pytest.raises(ValueError, match="eval_dataloader is empty: an evaluation needs at least one batch"):
+        _trainer(eval_dataloader=[])
 
 
 def test_label_smoothing_trains_a_causal_lm_with_its_own_loss() -> None:

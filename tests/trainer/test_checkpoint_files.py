@@ -27,7 +27,7 @@ def _trainer(folder: Path | None = None, max_duration: str = "12ba", **options) 
         "optimizer": optim.sgd(0.1, momentum=0.9),
         "progress_bar": False,
         "save_folder": folder,
-        "save_interval": "1ba" if folder is not None else "1ep",
+        "save_interval": "1ba" if folder is not None else None,
         **options,
     }
     model = arguments.pop("model", MLP(6, 2, hidden=(8,)))

@@ -97,8 +97,9 @@ def test_a_bad_evaluator_is_refused_naming_what_is_wrong(build: Any, error: type
 
 def test_a_per_class_metric_asks_for_an_average() -> None:
     trainer = _trainer(Evaluator("val", TensorLoader(HELD_OUT, 16), {"f1": MulticlassF1Score(3, average=None)}))
-    with pytest.raises(ValueError, match=r"metric 'f1' computes Tensor \(3,\): expected one number"):
+    with pytest.raises(ValueError, match=r"metrics\['f1'\] \(MulticlassF1Score\) computes shape \(3,\) .*: expected one number"):
         trainer.fit()
+    assert trainer.timestamp.batch == 0  # refused before the first step
 
 
 def test_an_evaluator_with_its_own_interval_runs_at_every_such_evaluation_and_at_the_end() -> None:

@@ -123,7 +123,7 @@ def test_load_model_refuses_another_architecture_naming_the_tensors(tmp_path: Pa
     with pytest.raises(TypeError, match="expected the untrained torch.nn.Module"):
         load_model(tmp_path / "latest.pt", "small_cnn")  # type: ignore[arg-type]
     (tmp_path / "empty.pt").write_bytes(b"")
-    with pytest.raises(ValueError, match=r"checkpoint='.*empty\.pt' is an empty file"):
+    with pytest.raises(ValueError, match=r"checkpoint='.*empty\.pt' is not a checkpoint: it is an empty file"):
         load_model(tmp_path / "empty.pt", SmallCNN(1, 10, width=8))
 
 
