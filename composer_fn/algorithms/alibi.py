@@ -198,9 +198,19 @@ def _batch_shape(batch: Any) -> tuple[int, int]:
         or not isinstance(items[0], Tensor)
         or items[0].dim() != 2
     ):
+        first = items[0] if isinstance(items, tuple | list) and items else None
+        found = (
+            f"its first item is a tensor of shape {tuple(first.shape)}"
+            if isinstance(first, Tensor)
+            else f"its first item is {type(first).__name__}"
+            if isinstance(items, tuple | list) and items
+            else "it holds no item"
+            if isinstance(items, tuple | list)
+            else "it is not a mapping, tuple or list"
+        )
         raise ValueError(
-            f"batch of type {type(batch).__name__}: expected a mapping, tuple or list whose first item is a "
-            "[batch, sequence] tensor"
+            f"batch of type {type(batch).__name__}: {found}; expected a mapping, tuple or list whose first item is "
+            "a [batch, sequence] tensor of token ids (ALiBi shortens the rows of a language model's batch)"
         )
     batch_size, sequence_length = items[0].shape
     return int(batch_size), int(sequence_length)

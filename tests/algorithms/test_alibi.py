@@ -315,3 +315,11 @@ def test_the_masked_model_trains_with_finite_loss_on_rows_of_the_scaled_length()
     assert math.isfinite(trainer.fit()["loss"])
     assert seen == [(16, 8), (16, 8)]
     assert all(isinstance(b.attention.position_bias, AlibiBias) for b in trainer.static.module.blocks)
+
+
+def test_an_image_batch_is_refused_saying_what_its_first_item_is() -> None:
+    from composer_fn.functional import scale_batch_sequence_length
+
+    images = (torch.zeros(4, 1, 8, 8), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"batch of type tuple: its first item is a tensor of shape \(4, 1, 8, 8\); expected"):
+        scale_batch_sequence_length(images, 0.5)

@@ -221,3 +221,25 @@ def test_a_train_stopper_beside_an_evaluator_labelled_train_is_refused_as_ambigu
     evaluators = [Evaluator("train", TensorLoader(DATA, batch_size=16, shuffle=False))]
     with pytest.raises(ValueError, match=r"ThresholdStopper\(dataloader_label='train'\).*labelled 'train' too"):
         _run(ThresholdStopper("loss", dataloader_label="train", threshold=0.1), eval_dataloader=evaluators)
+
+
+def test_a_patience_as_long_as_the_run_warns_that_it_never_stops() -> None:
+    import warnings as _warnings
+
+    from composer_fn import EarlyStopper, Trainer, optim
+    from composer_fn.data import TensorLoader
+    from composer_fn.models import MLP
+
+    rows = (torch.zeros(8, 2), torch.zeros(8, dtype=torch.long))
+
+    def build(patience: str) -> None:
+        Trainer(
+            MLP(2, 2), TensorLoader(rows, 4), TensorLoader(rows, 4), max_duration="2ep", optimizer=optim.sgd(0.1),
+            algorithms=[EarlyStopper("loss", patience=patience)], progress_bar=False,
+        )
+
+    with pytest.warns(UserWarning, match=r"EarlyStopper\(patience='2ep'\) waits at least 4 batches, and the whole run is 4"):
+        build("2ep")
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error")
+        build("3ba")
