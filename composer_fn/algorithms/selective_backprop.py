@@ -25,6 +25,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor
 
 from composer_fn.algorithms._keys import check_key
+from composer_fn.algorithms._label_mixing import check_batch
 from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.core import random as R
 from composer_fn.core import validate
@@ -138,16 +139,7 @@ def select_using_loss(
     check_key(key)
     validate.real("keep", keep, minimum=0.0, maximum=1.0, open_below=True)
     validate.real("scale_factor", scale_factor, minimum=0.0, maximum=1.0, open_below=True)
-    for name, value in (("input", input), ("target", target)):
-        if not isinstance(value, Tensor):
-            raise TypeError(f"{name} of type {type(value).__name__}: expected a tensor")
-    if input.dim() == 0 or input.shape[0] == 0:
-        raise ValueError(f"input of shape {tuple(input.shape)} holds no samples: expected [N, ...] with N >= 1")
-    if target.dim() == 0 or target.shape[0] != input.shape[0]:
-        raise ValueError(
-            f"target of shape {tuple(target.shape)} does not fit input of shape {tuple(input.shape)}: expected one "
-            f"target per sample, {input.shape[0]} along dim 0"
-        )
+    check_batch(input, target)
     if not callable(model):
         raise TypeError(f"model={model!r} must be callable, model(input) -> outputs")
     if not callable(loss_fun) or not _takes_reduction(loss_fun):

@@ -79,7 +79,7 @@ BAD_INPUTS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("select_using_loss lengths", lambda: F.select_using_loss(IMAGES, LABELS[:3], _LINEAR, _per_sample_cross_entropy,
      key=KEY), ValueError, r"target of shape \(3,\) does not fit input of shape \(4, 3, 8, 8\)"),
     ("select_using_loss empty", lambda: F.select_using_loss(IMAGES[:0], LABELS[:0], _LINEAR,
-     _per_sample_cross_entropy, key=KEY), ValueError, r"input of shape \(0, 3, 8, 8\) holds no samples"),
+     _per_sample_cross_entropy, key=KEY), ValueError, r"input of shape \(0, 3, 8, 8\) holds no examples"),
     ("select_using_loss model", lambda: F.select_using_loss(IMAGES, LABELS, 3, _per_sample_cross_entropy, key=KEY),
      TypeError, r"model=3 must be callable"),
     ("select_indices empty", lambda: F.select_indices(KEY, torch.zeros(0), 0.5), ValueError,
