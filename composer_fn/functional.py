@@ -35,7 +35,7 @@ from composer_fn.algorithms.gated_linear_units import apply_gated_linear_units, 
 from composer_fn.algorithms.ghost_batchnorm import apply_ghost_batchnorm
 from composer_fn.algorithms.gradient_clipping import apply_gradient_clipping
 from composer_fn.algorithms.gyro_dropout import apply_gyro_dropout, gyro_dropout_masks
-from composer_fn.algorithms.label_smoothing import smooth_labels
+from composer_fn.algorithms.label_smoothing import smooth_labels, smoothing_term
 from composer_fn.algorithms.layer_freezing import freezable_layers, freeze_layers, freeze_schedule
 from composer_fn.algorithms.low_precision_groupnorm import apply_low_precision_groupnorm
 from composer_fn.algorithms.low_precision_layernorm import apply_low_precision_layernorm
@@ -44,6 +44,7 @@ from composer_fn.algorithms.progressive_resizing import (
     CropParams,
     crop_apply,
     crop_params,
+    fixed_input_size,
     pinned_size,
     progressive_scale,
     resize_apply,
@@ -138,6 +139,7 @@ __all__ = [
     "mixup_batch",
     "mixup_params",
     "mixup_targets",
+    "fixed_input_size",
     "pinned_size",
     "progressive_scale",
     "random_crop_flip_apply",
@@ -157,5 +159,6 @@ __all__ = [
     "should_selective_backprop",
     "set_batch_sequence_length",
     "smooth_labels",
+    "smoothing_term",
     "warmup_sequence_length",
 ]

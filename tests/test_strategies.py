@@ -404,7 +404,11 @@ def test_drawn_hyperparameters_construct_every_built_in_algorithm(name: str) -> 
     check()
 
 
-@pytest.mark.parametrize("name", [name for name in BUILTIN if dataclasses.fields(REGISTRY[name])])
+# ``target_modules`` (name patterns of a surgery) is drawn at its default: a pattern must name a module of the model
+# the surgery meets, which the record alone cannot know.
+@pytest.mark.parametrize(
+    "name", [name for name in BUILTIN if {f.name for f in dataclasses.fields(REGISTRY[name])} - {"target_modules"}]
+)
 def test_drawn_hyperparameters_go_beyond_the_defaults(name: str) -> None:
     cls = REGISTRY[name]
     found = find(S.hyperparameters(cls), lambda hparams: cls(**hparams) != cls(), settings=SEARCH)

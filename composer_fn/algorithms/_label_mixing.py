@@ -7,16 +7,27 @@ place ``StepCtx.offset`` on, and which BATCH_END empties). At BEFORE_FORWARD the
 from the batch's (or microbatch's) key, mixes the inputs and keeps the pairing in ``StepCtx.scratch[name]``; at
 BEFORE_LOSS it mixes the targets, or at BEFORE_BACKWARD it interpolates the loss with the loss of the partners'
 targets.
+
+Class index -100 (``IGNORE_INDEX``) marks an example or position without a target: its one-hot row is zeros,
+so a mixed row holds only the partner's share, and with ``interpolate_loss`` the loss skips it as
+``F.cross_entropy`` does. The number of classes is read from the model's logits (the ``logits`` of a mapping
+output such as a Hugging Face ``ModelOutput``). A model whose output holds its own loss computed that loss inside
+its forward from the unmixed labels, which mixing cannot reach; for such a model the step's loss is the
+cross-entropy of its logits ``[B, C]`` against the mixed targets (or, with ``interpolate_loss``, the partner's
+loss is the cross-entropy against the partners' labels).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable, Mapping
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from composer_fn.algorithms._targets import model_logits
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Capabilities, Hook, HostHook
@@ -159,15 +170,34 @@ class LabelMixing(Algorithm, Generic[_P]):
     def _mix_targets(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
         target = batch_get(ctx.batch, self.target_key)
         input = batch_get(ctx.batch, self.input_key)
-        if target.shape == ctx.outputs.shape and not target.is_floating_point():
+        logits = model_logits(ctx.outputs)
+        if target.shape == logits.shape and not target.is_floating_point():
             # A target of the logits' shape holds probabilities (an integer one-hot target), as in Composer.
             target = target.to(torch.float32)
-        mixed = self.mix_targets(target, input, ctx.scratch[self.name], ctx.outputs.shape[1])
-        return state, ctx.replace(batch=batch_set(ctx.batch, self.target_key, mixed))
+        mixed = self.mix_targets(target, input, ctx.scratch[self.name], logits.shape[1])
+        ctx = ctx.replace(batch=batch_set(ctx.batch, self.target_key, mixed))
+        if _holds_own_loss(ctx.outputs):
+            ctx = ctx.replace(loss_fn=functools.partial(_logits_cross_entropy, self.target_key))
+        return state, ctx
 
     def _mix_loss(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
         pairing: _P = ctx.scratch[self.name]
         target = batch_get(ctx.batch, self.target_key)
         partners = batch_set(ctx.batch, self.target_key, target[pairing.indices])
         assert ctx.loss is not None
-        return state, ctx.replace(loss=self.mix_losses(ctx.loss, ctx.loss_fn(ctx.outputs, partners), pairing))
+        loss_fn = ctx.loss_fn
+        if _holds_own_loss(ctx.outputs):
+            loss_fn = functools.partial(_logits_cross_entropy, self.target_key)
+        return state, ctx.replace(loss=self.mix_losses(ctx.loss, loss_fn(ctx.outputs, partners), pairing))
+
+
+def _holds_own_loss(outputs: Any) -> bool:
+    if isinstance(outputs, Tensor):
+        return False
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
+    return isinstance(loss, Tensor)
+
+
+def _logits_cross_entropy(target_key: int | str, outputs: Any, batch: Any) -> Tensor:
+    """Returns the cross-entropy of the outputs' logits against ``batch[target_key]`` (indices or probabilities)."""
+    return F.cross_entropy(model_logits(outputs), batch_get(batch, target_key))

@@ -11,14 +11,22 @@ A surgery algorithm subclasses ``Surgery`` and implements two methods:
 ``Surgery`` supplies the INIT host hook: it loads the state's current tensors into a copy of the structure,
 rewrites it, and returns a new ``Static`` and a ``State`` whose params and buffers are the new module's.
 Tensors of submodules the rewrite keeps are carried over unchanged (same values, dtype and memory format).
+
+Which layers each surgery looks for is declared once, in ``SURGERY_LAYERS``: torch classes, matched with their
+subclasses that keep the class's ``forward`` (a subclass that computes something else is not the same layer),
+and third-party classes by module and qualified name (timm's normalisation and residual blocks), matched
+without importing their library. ``target_modules`` on every surgery restricts it to modules by name.
 """
 
 from __future__ import annotations
 
 import copy
+import fnmatch
+import functools
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -31,6 +39,9 @@ from composer_fn.core.time import Timestamp
 
 __all__ = [
     "Surgery",
+    "LayerKinds",
+    "SURGERY_LAYERS",
+    "Withheld",
     "module_with_tensors",
     "module_tensors",
     "replace_modules",
@@ -207,6 +218,107 @@ def replaced(
     return replace_modules(model, replacements)
 
 
+@dataclass(frozen=True)
+class LayerKinds:
+    """The layers a surgery rewrites: ``torch_classes`` and ``third_party`` classes by ``module.qualname``.
+
+    A module is of these kinds when one of its classes (its own or a base) is named in ``third_party`` (compared
+    by name, so their library is never imported), or when it is an instance of one of ``torch_classes`` and
+    ``subclasses`` allows its class: ``"same forward"`` (the default) admits the class and its subclasses that
+    keep the class's ``forward`` (``GhostBatchNorm2d``, which normalises differently, is not a plain
+    ``BatchNorm2d``); ``"any"`` every subclass (a surgery that wraps the layer as it is); ``"none"`` the class
+    itself only (a surgery whose replacement others reach into, such as attention's ``out_proj``).
+    """
+
+    torch_classes: tuple[type[nn.Module], ...] = ()
+    third_party: tuple[str, ...] = ()
+    subclasses: Literal["same forward", "any", "none"] = "same forward"
+
+    def kind(self, module: object) -> str | None:
+        """Returns the ``module.qualname`` of the declared class ``module`` is, or None when it is none of them."""
+        for cls in type(module).__mro__:
+            name = f"{cls.__module__}.{cls.__qualname__}"
+            if name in self.third_party:
+                return name
+        for declared in self.torch_classes:
+            if not isinstance(module, declared):
+                continue
+            if self.subclasses == "any" or type(module) is declared:
+                return f"{declared.__module__}.{declared.__qualname__}"
+            if self.subclasses == "same forward" and getattr(type(module), "forward", None) is declared.forward:
+                return f"{declared.__module__}.{declared.__qualname__}"
+        return None
+
+    def describe(self) -> str:
+        """Returns the declared classes as a sentence fragment for messages."""
+        names = [f"torch.nn.{c.__qualname__}" for c in self.torch_classes]
+        return " or ".join([*names, *self.third_party])
+
+
+_BASIC_BLOCKS = (
+    "composer_fn.nn.residual.BasicBlock",
+    "torchvision.models.resnet.BasicBlock",
+    "timm.models.resnet.BasicBlock",
+)
+_BOTTLENECKS = ("torchvision.models.resnet.Bottleneck", "timm.models.resnet.Bottleneck")
+
+SURGERY_LAYERS: Mapping[str, LayerKinds] = {
+    "blurpool": LayerKinds((nn.Conv2d, nn.MaxPool2d)),
+    "squeeze_excite": LayerKinds((nn.Conv2d,), subclasses="any"),
+    "ghost_batchnorm": LayerKinds(
+        (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d), ("timm.layers.norm_act.BatchNormAct2d",)
+    ),
+    "low_precision_layernorm": LayerKinds(
+        (nn.LayerNorm,), ("timm.layers.norm.LayerNorm", "timm.layers.norm.LayerNorm2d")
+    ),
+    "low_precision_groupnorm": LayerKinds(
+        (nn.GroupNorm,), ("timm.layers.norm.GroupNorm", "timm.layers.norm.GroupNorm1")
+    ),
+    "weight_standardization": LayerKinds((nn.Conv1d, nn.Conv2d, nn.Conv3d)),
+    "factorize": LayerKinds((nn.Conv2d, nn.Linear), subclasses="none"),
+    "stochastic_depth/BasicBlock": LayerKinds((), _BASIC_BLOCKS),
+    "stochastic_depth/Bottleneck": LayerKinds((), _BOTTLENECKS),
+}
+"""The layers each surgery looks for, by surgery (StochasticDepth by ``target_layer_name``): its one declaration.
+
+Third-party entries are classes whose computation the surgery's replacement reproduces: timm's
+``BatchNormAct2d`` (BatchNorm, then its dropout and activation, which the ghost layer keeps), ``LayerNorm``,
+``LayerNorm2d`` (channels first), ``GroupNorm`` and ``GroupNorm1``, and the residual blocks of timm's and
+torchvision's ResNets.
+"""
+
+
+class Withheld(nn.Module):
+    """Stands in for a submodule that a surgery restricted by ``target_modules`` leaves alone.
+
+    The module is held outside ``_modules``, so the surgery's search does not see it; it computes what the
+    module does. ``Surgery`` puts the module back once the rewrite is done.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.__dict__["withheld"] = module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Returns the withheld module's output."""
+        return self.__dict__["withheld"](*args, **kwargs)
+
+
+def _ancestry(name: str) -> Iterator[str]:
+    parts = name.split(".")
+    return (".".join(parts[: i + 1]) for i in range(len(parts)))
+
+
+def _checked_patterns(patterns: object) -> tuple[str, ...]:
+    if isinstance(patterns, str) or not isinstance(patterns, tuple | list):
+        raise TypeError(
+            f"target_modules={patterns!r} must be a tuple of module-name patterns (fnmatch, e.g. ('layer3.*',))"
+        )
+    if not all(isinstance(p, str) and p for p in patterns):
+        raise TypeError(f"target_modules={patterns!r} must hold non-empty strings (fnmatch patterns)")
+    return tuple(patterns)
+
+
 def surgery_key(state_key: Tensor, name: str) -> Tensor:
     """Returns the key that the surgery named ``name`` draws new parameters from, derived from the run's key."""
     return R.fold_in(state_key, R.name_to_int(f"surgery/{name}"))
@@ -214,7 +326,31 @@ def surgery_key(state_key: Tensor, name: str) -> Tensor:
 
 @dataclass(frozen=True)
 class Surgery(Algorithm):
-    """Base record of model-surgery algorithms: a pure rewrite of the model at INIT (see the module docstring)."""
+    """Base record of model-surgery algorithms: a pure rewrite of the model at INIT (see the module docstring).
+
+    Args:
+        target_modules: restricts the surgery to the modules whose qualified name, or the name of a module
+            holding them, matches one of these ``fnmatch`` patterns (``('layer3', 'layer4.*.conv1')``); empty:
+            every module the surgery looks for. A pattern that matches no module of the model is refused.
+    """
+
+    target_modules: tuple[str, ...] = field(default=(), kw_only=True)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is not None and not getattr(own, "_checks_target_modules", False):
+            # Every surgery's record checks target_modules, whether or not its own __post_init__ asks for it.
+            @functools.wraps(own)
+            def __post_init__(self: Surgery) -> None:
+                Surgery.__post_init__(self)
+                own(self)
+
+            __post_init__._checks_target_modules = True  # type: ignore[attr-defined]
+            cls.__post_init__ = __post_init__  # type: ignore[method-assign]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target_modules", _checked_patterns(self.target_modules))
 
     def targets(self, module: nn.Module) -> frozenset[str]:
         """Returns the qualified names of the submodules ``rewrite`` would replace (empty once applied)."""
@@ -228,14 +364,60 @@ class Surgery(Algorithm):
         """Returns ``rewrite(module, key)``; a surgery whose layers depend on the run (its length) overrides this."""
         return self.rewrite(module, key)
 
+    rewrites_after: ClassVar[frozenset[str]] = frozenset()
+    """Names of the surgeries whose rewritten modules this one rewrites further (see ``Capabilities``)."""
+
     def capabilities(self) -> Capabilities:
-        return Capabilities(rewrites=self.surgery_targets)
+        return Capabilities(rewrites=self.surgery_targets, rewrites_after=self.rewrites_after)
 
     def surgery_targets(self, module: object) -> frozenset[str]:
-        """Returns ``targets(module)`` for a module, and nothing for anything else."""
+        """Returns ``targets(module)`` restricted by ``target_modules`` for a module, and nothing for anything else.
+
+        Raises ValueError naming a pattern of ``target_modules`` that matches no module of ``module``.
+        """
         if not isinstance(module, nn.Module):
             return frozenset()
-        return self.targets(module)
+        return self._selected(module, self.targets(module))
+
+    def _selected(self, module: nn.Module, names: frozenset[str]) -> frozenset[str]:
+        patterns = self.target_modules
+        if not patterns:
+            return names
+        modules = [name for name, _ in module.named_modules() if name]
+        for pattern in patterns:
+            if not any(fnmatch.fnmatchcase(name, pattern) for name in modules):
+                shown = ", ".join(modules[:6]) + (", ..." if len(modules) > 6 else "")
+                raise ValueError(
+                    f"{type(self).__name__}(target_modules={patterns!r}): the pattern {pattern!r} matches no module "
+                    f"of {type(module).__name__}, whose modules are named like {shown}"
+                )
+        return frozenset(
+            name
+            for name in names
+            if any(fnmatch.fnmatchcase(part, pattern) for part in _ancestry(name) for pattern in patterns)
+        )
+
+    def _restricted_rewrite(self, module: nn.Module, key: Tensor, timestamp: Timestamp) -> nn.Module:
+        if not self.target_modules:
+            return self.rewrite_at(module, key, timestamp)
+        # The targets left alone are withheld from the rewrite (it cannot see them), then put back as they were.
+        everything = self.targets(module)
+        left_alone = sorted(everything - self._selected(module, everything))
+        hidden = copy.deepcopy(module)
+        for name in left_alone:
+            owner_path, _, attribute = name.rpartition(".")
+            owner = hidden.get_submodule(owner_path)
+            owner._modules[attribute] = Withheld(owner._modules[attribute])  # type: ignore[arg-type]
+        rewritten = self.rewrite_at(hidden, key, timestamp)
+        slots = [
+            (owner, attribute, child)
+            for owner in rewritten.modules()
+            for attribute, child in owner._modules.items()
+            if isinstance(child, Withheld)
+        ]
+        for owner, attribute, child in slots:
+            owner._modules[attribute] = child.__dict__["withheld"]
+        return rewritten
 
     def host_hooks(self) -> Mapping[Event, HostHook]:
         return {Event.INIT: self._operate}
@@ -245,7 +427,7 @@ class Surgery(Algorithm):
     ) -> tuple[Static, State]:
         current = module_with_tensors(static.module, state.params, state.buffers)
         with torch.no_grad():
-            rewritten = self.rewrite_at(current, surgery_key(state.key, self.name), timestamp)
+            rewritten = self._restricted_rewrite(current, surgery_key(state.key, self.name), timestamp)
         rewritten = rewritten.to(static.device)
         params, buffers = module_tensors(rewritten)
         return static.replace(module=rewritten), state.replace(params=params, buffers=buffers)

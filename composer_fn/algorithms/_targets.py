@@ -1,6 +1,14 @@
-"""Class targets as probabilities, shared by label smoothing and the label-mixing algorithms."""
+"""Class targets as probabilities, shared by label smoothing and the label-mixing algorithms.
+
+A class index of ``IGNORE_INDEX`` (-100, what every Hugging Face collator writes at padding and at tokens it
+does not score, and what ``torch.nn.functional.cross_entropy`` skips by default) is no class: it becomes an
+all-zero row of probabilities, so the position adds nothing to a cross-entropy.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -8,7 +16,25 @@ from torch import Tensor
 
 from composer_fn.core.host import eager
 
-__all__ = ["ensure_targets_one_hot", "class_dimension"]
+__all__ = ["IGNORE_INDEX", "class_dimension", "ensure_targets_one_hot", "model_logits"]
+
+IGNORE_INDEX = -100
+"""The class index that marks a position without a target (torch's and Hugging Face's default)."""
+
+
+def model_logits(outputs: Any) -> Tensor:
+    """Returns the logits of a model's ``outputs``: the tensor itself, or the ``logits`` of a mapping or record.
+
+    A Hugging Face ``ModelOutput`` is a mapping that holds ``logits`` (and ``loss`` when labels reached the
+    model). Raises TypeError naming what was found otherwise.
+    """
+    if isinstance(outputs, Tensor):
+        return outputs
+    logits = outputs.get("logits") if isinstance(outputs, Mapping) else getattr(outputs, "logits", None)
+    if isinstance(logits, Tensor):
+        return logits
+    found = f"a mapping with keys {list(outputs)}" if isinstance(outputs, Mapping) else type(outputs).__name__
+    raise TypeError(f"model outputs of {found}: expected a logits tensor, or a mapping or record holding 'logits'")
 
 
 def class_dimension(logits: Tensor, target: Tensor) -> int:
@@ -55,8 +81,8 @@ def ensure_targets_one_hot(target: Tensor, num_classes: int, *, class_last: bool
     """Returns ``target`` as class probabilities along dim 1 (floating targets are returned unchanged).
 
     Integer class indices of shape ``[B, ...]`` become float32 one-hot targets of shape ``[B, C, ...]``, or
-    ``[B, ..., C]`` with ``class_last``. An index outside ``[0, num_classes)`` raises ValueError when run
-    eagerly.
+    ``[B, ..., C]`` with ``class_last``; an index equal to ``IGNORE_INDEX`` (-100) becomes a row of zeros. Any
+    other index outside ``[0, num_classes)`` raises ValueError when run eagerly.
     """
     if target.is_floating_point():
         dim = -1 if class_last else 1
@@ -71,14 +97,16 @@ def ensure_targets_one_hot(target: Tensor, num_classes: int, *, class_last: bool
     if not eager():
         # The same 0/1 values by comparison: F.one_hot checks its indices against num_classes, a
         # data-dependent test that some dynamo versions (2.11 among them) cannot trace. Eager calls keep the
-        # check, so an out-of-range class still raises.
+        # check, so an out-of-range class still raises. IGNORE_INDEX matches no class: its row is zeros.
         classes = torch.arange(num_classes, device=target.device)
         if class_last:
             return (target.long().unsqueeze(-1) == classes).to(torch.float32)
         classes = classes.view((1, num_classes) + (1,) * (target.dim() - 1))
         return (target.long().unsqueeze(1) == classes).to(torch.float32)
+    kept = target != IGNORE_INDEX
     try:
-        one_hot = F.one_hot(target.long(), num_classes).to(torch.float32)
+        one_hot = F.one_hot(target.long().where(kept, 0), num_classes).to(torch.float32)
     except RuntimeError as error:
-        raise _out_of_range(target, num_classes) from error
+        raise _out_of_range(target[kept], num_classes) from error
+    one_hot = one_hot * kept.unsqueeze(-1)
     return one_hot.movedim(-1, 1) if one_hot.dim() > 2 and not class_last else one_hot

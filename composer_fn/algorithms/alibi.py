@@ -12,7 +12,8 @@ The bias is the symmetric form, for causal and bidirectional models alike. Compo
 bias as ``slope_h * j`` instead; for the keys a causal query sees (``j <= i``) the two differ by
 ``slope_h * i``, a constant per query, which the softmax cancels: both give the same attention.
 
-Batch reshape (AFTER_DATALOADER, traced, training only): each ``[B, S]`` tensor of the batch becomes
+Batch reshape (AFTER_DATALOADER, traced, training only): each ``[B, S]`` tensor of the batch (the tokens,
+their ``attention_mask`` and ``token_type_ids``, per-token labels; each token keeps its mask) becomes
 ``[B * S // S', S']`` with ``S' = int(S * train_sequence_length_scaling)``, so a step trains on as many tokens
 in shorter rows (Composer reshapes ``(B, S)`` to ``(B / s, S * s)``). ``S'`` is a shape, chosen on the host:
 ``plan_key`` returns it from the coming batch's shape and the hook is specialised to it. Evaluation sees the
@@ -179,19 +180,40 @@ def scaled_sequence_length(
 
 
 def scale_batch_sequence_length(batch: Any, train_sequence_length_scaling: float) -> Any:
-    """Returns ``batch`` with every ``[B, S]`` tensor reshaped to ``[B * S // S', S']``; ``batch`` is untouched.
+    """Returns ``batch`` with every ``[B, S]`` sequence reshaped to ``[B * S // S', S']``; ``batch`` is untouched.
 
-    ``S' = scaled_sequence_length(B, S, train_sequence_length_scaling)``. ``batch`` is a mapping, tuple or list
-    of tensors of one shape ``[B, S]`` (inputs and labels); token ``k`` of the flattened batch stays token ``k``
-    in every tensor, so each label stays with its input.
+    ``S' = scaled_sequence_length(B, S, train_sequence_length_scaling)``, with ``[B, S]`` the shape of the
+    tokens (``"input_ids"`` in a mapping that holds them, else the first item). ``batch`` is a mapping, tuple
+    or list of tensors of that shape (tokens, ``attention_mask``, ``token_type_ids``, per-token labels); token
+    ``k`` of the flattened batch stays token ``k`` in every tensor, so each label and mask value stays with its
+    token. A re-cut row mixes examples, so a batch that holds one value per example (a ``[B]`` classification
+    label) raises ValueError unless the scaling leaves the rows as they are.
     """
     batch_size, sequence_length = _batch_shape(batch)
     length = scaled_sequence_length(batch_size, sequence_length, train_sequence_length_scaling)
+    return _reshaped(batch, length)
+
+
+def _reshaped(batch: Any, length: int) -> Any:
+    items = batch.items() if isinstance(batch, Mapping) else enumerate(batch)
+    batch_size, sequence_length = _batch_shape(batch)
+    if length < sequence_length:
+        for name, item in items:
+            if isinstance(item, Tensor) and item.dim() == 1 and item.shape[0] == batch_size:
+                raise ValueError(
+                    f"batch item {name!r} of shape {tuple(item.shape)} holds one value per example (a "
+                    f"classification label): ALiBi's training rows of {length} tokens re-cut the [{batch_size}, "
+                    f"{sequence_length}] batch across examples, so no row can keep it. Use "
+                    "Alibi(train_sequence_length_scaling=1.0) for a model that classifies whole sequences"
+                )
     return set_batch_sequence_length(batch, length, truncate=False)
 
 
 def _batch_shape(batch: Any) -> tuple[int, int]:
-    items = list(batch.values()) if isinstance(batch, Mapping) else batch
+    if isinstance(batch, Mapping) and isinstance(batch.get("input_ids"), Tensor):
+        items: Any = [batch["input_ids"]]
+    else:
+        items = list(batch.values()) if isinstance(batch, Mapping) else batch
     if (
         not isinstance(items, tuple | list)
         or not items
@@ -258,4 +280,4 @@ class Alibi(Surgery):
             return state, ctx.replace(
                 batch=scale_batch_sequence_length(ctx.batch, self.train_sequence_length_scaling)
             )
-        return state, ctx.replace(batch=set_batch_sequence_length(ctx.batch, length, truncate=False))
+        return state, ctx.replace(batch=_reshaped(ctx.batch, length))

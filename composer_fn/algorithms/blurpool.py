@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composer_fn.algorithms._surgery import (
+    SURGERY_LAYERS,
     Surgery,
     matching_modules,
     replace_modules,
@@ -262,6 +263,9 @@ def _check(replace_convs: bool, replace_maxpools: bool, blur_first: bool, min_ch
     validate.integer("min_channels", min_channels, minimum=0)
 
 
+_LAYERS = SURGERY_LAYERS["blurpool"]
+
+
 def _blurpool_targets(
     model: nn.Module, replace_convs: bool, replace_maxpools: bool, min_channels: int
 ) -> tuple[str, ...]:
@@ -271,9 +275,10 @@ def _blurpool_targets(
     def is_target(name: str, module: nn.Module) -> bool:
         if any(name.startswith(prefix + ".") for prefix in blurred):
             return False
-        if replace_maxpools and type(module) is nn.MaxPool2d:
+        kind = _LAYERS.kind(module)
+        if replace_maxpools and kind is not None and isinstance(module, nn.MaxPool2d):
             return not module.return_indices
-        if replace_convs and isinstance(module, nn.Conv2d):
+        if replace_convs and kind is not None and isinstance(module, nn.Conv2d):
             return max(_pair(module.stride)) > 1 and module.in_channels >= min_channels
         return False
 

@@ -32,7 +32,13 @@ from composer_fn.algorithms._low_rank import (
     matrix_to_conv_weight,
     svd_factors,
 )
-from composer_fn.algorithms._surgery import Surgery, check_model, replace_modules, warn_nothing_to_replace
+from composer_fn.algorithms._surgery import (
+    SURGERY_LAYERS,
+    Surgery,
+    check_model,
+    replace_modules,
+    warn_nothing_to_replace,
+)
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
 
@@ -249,11 +255,12 @@ def _factorization_targets(
     for name, child in module.named_modules():
         if not name or any(name.startswith(prefix + ".") for prefix in factorized):
             continue
-        if factorize_convs and type(child) is nn.Conv2d:
+        kind = SURGERY_LAYERS["factorize"].kind(child)
+        if factorize_convs and kind is not None and isinstance(child, nn.Conv2d):
             wide = min(child.in_channels, child.out_channels) >= min_channels
             if wide and factorizing_could_speedup(child, latent_channels):
                 found[name] = child
-        elif factorize_linears and type(child) is nn.Linear:
+        elif factorize_linears and kind is not None and isinstance(child, nn.Linear):
             wide = min(child.in_features, child.out_features) >= min_features
             if wide and factorizing_could_speedup(child, latent_features):
                 found[name] = child

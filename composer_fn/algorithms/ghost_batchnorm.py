@@ -14,6 +14,11 @@ epoch, or an evaluation batch) is normalized as one chunk, where Composer raises
 ``momentum=None`` (a cumulative average) each chunk counts as one batch, where Composer fails. The layers are
 subclasses of ``BatchNorm{1,2,3}d`` with the same parameters and buffers, not wrappers around one, so the
 tensors keep their names.
+
+Subclasses of ``BatchNorm{1,2,3}d`` that keep its ``forward`` are replaced too, and timm's ``BatchNormAct2d``
+(BatchNorm, then a dropout and an activation) becomes a ``GhostBatchNormAct2d``, which keeps its ``drop`` and
+``act`` after the ghost normalisation (see ``SURGERY_LAYERS``). Other subclasses compute something the ghost
+layer would not, and are left alone.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composer_fn.algorithms._no_op import warn_changes_nothing
-from composer_fn.algorithms._surgery import Surgery, matching_modules, replaced, shared_copy
+from composer_fn.algorithms._surgery import SURGERY_LAYERS, Surgery, matching_modules, replaced, shared_copy
 from composer_fn.core import validate
 from composer_fn.core.algorithm import HostHook, register
 from composer_fn.core.event import Event
@@ -41,6 +46,7 @@ __all__ = [
     "GhostBatchNorm1d",
     "GhostBatchNorm2d",
     "GhostBatchNorm3d",
+    "GhostBatchNormAct2d",
     "apply_ghost_batchnorm",
     "ghost_batchnorm_from",
 ]
@@ -64,7 +70,9 @@ class _GhostBatchNorm(nn.modules.batchnorm._BatchNorm):
         count = math.ceil(input.shape[0] / self.ghost_batch_size)
         tracking = self.running_mean is not None and self.running_var is not None
         if count <= 1 or (tracking and not self.training):
-            return super().forward(input)
+            # BatchNorm's own forward, whatever class follows this one in a subclass's method order.
+            output: Tensor = nn.modules.batchnorm._BatchNorm.forward(self, input)
+            return output
         chunks = input.chunk(count, dim=0)
         updating = tracking and self.training
         momentum = None if self.momentum is None else self.momentum / len(chunks)
@@ -102,11 +110,26 @@ class GhostBatchNorm3d(_GhostBatchNorm, nn.BatchNorm3d):
     """``BatchNorm3d`` over chunks of ``ghost_batch_size`` samples in training."""
 
 
-_GHOSTS: dict[type[nn.Module], type[_GhostBatchNorm]] = {
-    nn.BatchNorm1d: GhostBatchNorm1d,
-    nn.BatchNorm2d: GhostBatchNorm2d,
-    nn.BatchNorm3d: GhostBatchNorm3d,
+class GhostBatchNormAct2d(GhostBatchNorm2d):
+    """timm's ``BatchNormAct2d`` with ghost batches: ``act(drop(ghost_batchnorm(x)))``.
+
+    A ``BatchNormAct2d`` re-classed keeps its children ``drop`` and ``act`` under their names.
+    """
+
+    def forward(self, input: Tensor) -> Tensor:
+        """Returns ``input`` normalized as ``GhostBatchNorm2d`` does, then through the layer's dropout and activation."""
+        act, drop = self.get_submodule("act"), self.get_submodule("drop")
+        output: Tensor = act(drop(super().forward(input)))
+        return output
+
+
+_GHOSTS: dict[str, type[_GhostBatchNorm]] = {
+    "torch.nn.modules.batchnorm.BatchNorm1d": GhostBatchNorm1d,
+    "torch.nn.modules.batchnorm.BatchNorm2d": GhostBatchNorm2d,
+    "torch.nn.modules.batchnorm.BatchNorm3d": GhostBatchNorm3d,
+    "timm.layers.norm_act.BatchNormAct2d": GhostBatchNormAct2d,
 }
+_LAYERS = SURGERY_LAYERS["ghost_batchnorm"]
 
 
 def ghost_batchnorm_from(batchnorm: nn.Module, ghost_batch_size: int = 32) -> nn.Module:
@@ -117,9 +140,10 @@ def ghost_batchnorm_from(batchnorm: nn.Module, ghost_batch_size: int = 32) -> nn
 def _reclassed(batchnorm: nn.Module, ghost: nn.Module, ghost_batch_size: int) -> nn.Module:
     # A re-classed copy keeps every setting and tensor of the layer, including those only some PyTorch
     # versions have (the ``bias`` flag); the subclass adds nothing but ``ghost_batch_size``.
-    cls = _GHOSTS.get(type(batchnorm))
+    kind = _LAYERS.kind(batchnorm)
+    cls = _GHOSTS.get(kind) if kind is not None else None
     if cls is None:
-        raise TypeError(f"batchnorm={type(batchnorm).__name__} must be a torch.nn.BatchNorm1d, 2d or 3d")
+        raise TypeError(f"batchnorm={type(batchnorm).__name__} must be a {_LAYERS.describe()}")
     ghost.__class__ = cls
     assert isinstance(ghost, _GhostBatchNorm)
     ghost.ghost_batch_size = ghost_batch_size
@@ -127,11 +151,15 @@ def _reclassed(batchnorm: nn.Module, ghost: nn.Module, ghost_batch_size: int) ->
 
 
 def _targets(module: nn.Module) -> list[str]:
-    return list(matching_modules(module, lambda _, m: type(m) in _GHOSTS))
+    return list(matching_modules(module, lambda _, m: _LAYERS.kind(m) in _GHOSTS))
 
 
 def apply_ghost_batchnorm(model: nn.Module, ghost_batch_size: int = 32) -> nn.Module:
-    """Returns a copy of ``model`` whose ``BatchNorm{1,2,3}d`` layers are ghost batch norms; ``model`` is untouched."""
+    """Returns a copy of ``model`` whose batch norms are ghost batch norms; ``model`` is untouched.
+
+    The layers replaced are ``BatchNorm{1,2,3}d`` (and subclasses keeping their forward) and timm's
+    ``BatchNormAct2d`` (see the module docstring).
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model of type {type(model).__name__}: expected a torch.nn.Module")
     ghost_batch_size = validate.integer("ghost_batch_size", ghost_batch_size, minimum=1)
@@ -141,7 +169,7 @@ def apply_ghost_batchnorm(model: nn.Module, ghost_batch_size: int = 32) -> nn.Mo
         for name in _targets(model)
         for layer in [model.get_submodule(name)]
     }
-    looks_for = "torch.nn.BatchNorm1d, BatchNorm2d or BatchNorm3d"
+    looks_for = _LAYERS.describe()
     return replaced(model, replacements, method="GhostBatchNorm", looks_for=looks_for, rewritten=_GhostBatchNorm)
 
 

@@ -1,7 +1,9 @@
 """GyroDropout: dropout that trains a fixed bank of pre-selected subnetworks (Lee et al., MLSys 2022).
 
 Ordinary dropout samples a new mask for every sample of every step. ``GyroDropoutLayer`` keeps a bank of
-``sigma`` masks over its features (dim 1), each feature kept with probability ``1 - p``. At any time ``tau``
+``sigma`` masks over its features (the last dimension: ``[B, F]`` for a classifier head, ``[B, S, D]`` for the
+activations of a sequence model, where a mask drops features of every token, never whole tokens, as
+``nn.Dropout`` on those activations would drop elements), each feature kept with probability ``1 - p``. At any time ``tau``
 masks of the bank are active, drawn with replacement (Composer's ``np.random.choice(sigma, tau)``); the batch
 is split in ``tau`` consecutive groups of samples, group ``j`` uses active mask ``j`` (sample ``i`` of ``B``
 uses mask ``i · tau // B``, which is Composer's ``repeat_interleave`` when ``tau`` divides ``B`` and also
@@ -25,6 +27,12 @@ Both are checkpointed, so a resumed run continues the same schedule (Composer's 
 plain training loop advances the schedule as the trainer does. The layer does not read the per-step
 ``forward_key``: its draws must stay fixed for a whole selection round, so they are a pure function of its
 own key and step count.
+
+Dropouts of attention probabilities are left as they are: the attention modules of Hugging Face and timm
+keep one (``attn_dropout``, ``attn_drop``, a ``...SelfAttention``'s ``dropout``) and, on their fused path,
+pass its ``p`` to ``scaled_dot_product_attention`` instead of calling it, so a replacement would change the
+attention's dropout probability to GyroDropout's ``p``; the bank of masks is over features, which attention
+probabilities are not.
 
 The record runs at INIT like every surgery (Composer's runs at FIT_START): the trainer's INIT timestamp holds
 the run's length in batches, which gives the period; ``rewrite`` alone, with no run length, uses ``tau``.
@@ -135,24 +143,45 @@ class GyroDropoutLayer(nn.Module):
         return f"p={self.p}, sigma={self.sigma}, tau={self.tau}, period={self.period}"
 
     def forward(self, input: Tensor) -> Tensor:
-        """Returns ``input [B, features, ...]`` with each sample's group mask applied (training), else ``input``."""
+        """Returns ``input [B, ..., features]`` with each sample's group mask applied (training), else ``input``."""
         if not self.training:
             return input
         if input.dim() < 2:
-            raise ValueError(f"input of shape {tuple(input.shape)}: expected [batch, features, ...]")
+            raise ValueError(f"input of shape {tuple(input.shape)}: expected [batch, ..., features]")
         masks = gyro_dropout_masks(
-            self.mask_key, self.training_step, input.shape[1], self.p, self.sigma, self.tau, self.period
+            self.mask_key, self.training_step, input.shape[-1], self.p, self.sigma, self.tau, self.period
         )
         self.training_step.add_(1)
         batch = input.shape[0]
         group = torch.arange(batch, device=input.device) * self.tau // batch
         mask = masks.to(device=input.device, dtype=input.dtype)[group]
-        mask = mask.reshape(mask.shape + (1,) * (input.dim() - 2))
+        mask = mask.reshape(mask.shape[:1] + (1,) * (input.dim() - 2) + mask.shape[1:])
         return input * mask * (1.0 / (1.0 - self.p))
 
 
+_ATTENTION_DROPOUT_NAMES = frozenset({"attn_dropout", "attn_drop", "attention_dropout"})
+
+
+def _attention_dropouts(module: nn.Module) -> set[str]:
+    """Returns the names of the dropouts of attention probabilities (see the module docstring)."""
+    found = set()
+    for owner_name, owner in module.named_modules():
+        for child_name, child in owner.named_children():
+            is_attention = child_name in _ATTENTION_DROPOUT_NAMES or (
+                child_name == "dropout" and type(owner).__name__.endswith("SelfAttention")
+            )
+            if is_attention and isinstance(child, nn.Dropout):
+                found.add(f"{owner_name}.{child_name}" if owner_name else child_name)
+    return found
+
+
 def _targets(module: nn.Module) -> list[str]:
-    return list(matching_modules(module, lambda _, m: isinstance(m, nn.Dropout)))
+    attention = _attention_dropouts(module)
+    return [
+        name
+        for name in matching_modules(module, lambda _, m: isinstance(m, nn.Dropout))
+        if name not in attention
+    ]
 
 
 def _with_gyro_dropout(
@@ -180,7 +209,8 @@ def apply_gyro_dropout(
     """Returns a copy of ``model`` whose ``nn.Dropout`` layers are ``GyroDropoutLayer``; ``model`` is untouched.
 
     The run is ``iters_per_epoch · max_epoch`` training steps, which sets the selection period; each layer's
-    mask bank is keyed by ``fold_in(key, name_to_int(name))``. ``nn.Dropout`` subclasses are replaced too.
+    mask bank is keyed by ``fold_in(key, name_to_int(name))``. ``nn.Dropout`` subclasses are replaced too;
+    dropouts of attention probabilities are kept (see the module docstring).
     """
     check_model(model)
     _check(p, sigma, tau)

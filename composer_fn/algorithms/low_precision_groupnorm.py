@@ -26,7 +26,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composer_fn.algorithms._autocast import low_precision_forward
-from composer_fn.algorithms._surgery import Surgery, check_model, matching_modules, replaced, shared_copy
+from composer_fn.algorithms._surgery import (
+    SURGERY_LAYERS,
+    Surgery,
+    check_model,
+    matching_modules,
+    replaced,
+    shared_copy,
+)
 from composer_fn.core.algorithm import register
 from composer_fn.core.state import PRECISIONS
 
@@ -51,9 +58,12 @@ def low_precision_groupnorm_from(groupnorm: nn.GroupNorm) -> LPGroupNorm:
     return _reclassed(groupnorm, copy.deepcopy(groupnorm))
 
 
+_LAYERS = SURGERY_LAYERS["low_precision_groupnorm"]
+
+
 def _reclassed(groupnorm: nn.GroupNorm, low: nn.Module) -> LPGroupNorm:
-    if type(groupnorm) is not nn.GroupNorm:
-        raise TypeError(f"groupnorm={type(groupnorm).__name__} must be a torch.nn.GroupNorm")
+    if _LAYERS.kind(groupnorm) is None:
+        raise TypeError(f"groupnorm={type(groupnorm).__name__} must be a {_LAYERS.describe()}")
     # A re-classed copy keeps every setting and tensor of the layer, including those only some PyTorch
     # versions have (the ``bias`` flag); the subclass changes only the forward.
     low.__class__ = LPGroupNorm
@@ -62,7 +72,7 @@ def _reclassed(groupnorm: nn.GroupNorm, low: nn.Module) -> LPGroupNorm:
 
 
 def _targets(module: nn.Module) -> list[str]:
-    return list(matching_modules(module, lambda _, m: type(m) is nn.GroupNorm))
+    return list(matching_modules(module, lambda _, m: _LAYERS.kind(m) is not None))
 
 
 def _converted(module: nn.Module) -> nn.Module:
@@ -76,7 +86,7 @@ def _converted(module: nn.Module) -> nn.Module:
         module,
         replacements,
         method="LowPrecisionGroupNorm",
-        looks_for="torch.nn.GroupNorm",
+        looks_for=_LAYERS.describe(),
         rewritten=LPGroupNorm,
         stacklevel=5,
     )

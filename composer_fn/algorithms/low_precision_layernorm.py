@@ -7,8 +7,9 @@ its input, weight and bias to the autocast dtype and normalises with autocast tu
 and writes the low precision, saving the casts and half of the memory traffic. Outside autocast it is
 ``nn.LayerNorm``'s own forward, bit for bit.
 
-Surgery at INIT replaces every ``nn.LayerNorm`` (exactly that class; an ``LPLayerNorm`` is kept, which makes
-the rewrite idempotent) by an ``LPLayerNorm`` with the same shape, epsilon and affine tensors. The default
+Surgery at INIT replaces every ``nn.LayerNorm`` (and subclass keeping its forward, and timm's ``LayerNorm``; an
+``LPLayerNorm`` is kept, which makes the rewrite idempotent) by an ``LPLayerNorm`` with the same shape, epsilon
+and affine tensors, and timm's channels-first ``LayerNorm2d`` by an ``LPLayerNorm2d`` (see ``SURGERY_LAYERS``). The default
 passes run it after every other algorithm of an event (``placement = "last"``), so that layer norms other
 surgeries add are converted too. It draws nothing at random.
 """
@@ -25,6 +26,7 @@ from torch import Tensor, nn
 
 from composer_fn.algorithms._autocast import low_precision_forward
 from composer_fn.algorithms._surgery import (
+    SURGERY_LAYERS,
     Surgery,
     matching_modules,
     replace_modules,
@@ -33,7 +35,9 @@ from composer_fn.algorithms._surgery import (
 from composer_fn.core.algorithm import register
 from composer_fn.core.state import PRECISIONS
 
-__all__ = ["LowPrecisionLayerNorm", "LPLayerNorm", "apply_low_precision_layernorm"]
+__all__ = ["LowPrecisionLayerNorm", "LPLayerNorm", "LPLayerNorm2d", "apply_low_precision_layernorm"]
+
+_LAYERS = SURGERY_LAYERS["low_precision_layernorm"]
 
 
 class LPLayerNorm(nn.LayerNorm):
@@ -44,10 +48,19 @@ class LPLayerNorm(nn.LayerNorm):
         return low_precision_forward(nn.LayerNorm, self, input, F.layer_norm, self.normalized_shape)
 
 
+class LPLayerNorm2d(LPLayerNorm):
+    """timm's ``LayerNorm2d`` as an ``LPLayerNorm``: the channels of ``[N, C, H, W]`` normalised, channels first."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        """Returns ``input`` normalised over its channels (dim 1), in the autocast dtype under autocast."""
+        return super().forward(input.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
 def _low_precision(layer: nn.LayerNorm) -> LPLayerNorm:
     reference = layer.weight
+    channels_first = _LAYERS.kind(layer) == "timm.layers.norm.LayerNorm2d"
     # LayerNorm's own initialisation is ones and zeros: building it draws nothing at random.
-    converted = LPLayerNorm(
+    converted = (LPLayerNorm2d if channels_first else LPLayerNorm)(
         layer.normalized_shape,
         eps=layer.eps,
         elementwise_affine=layer.elementwise_affine,
@@ -69,13 +82,13 @@ def _low_precision(layer: nn.LayerNorm) -> LPLayerNorm:
 def _layer_norms(model: nn.Module) -> dict[str, nn.LayerNorm]:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model={type(model).__name__}: expected a torch.nn.Module")
-    names = matching_modules(model, lambda _, module: type(module) is nn.LayerNorm)
+    names = matching_modules(model, lambda _, module: _LAYERS.kind(module) is not None)
     return {name: model.get_submodule(name) for name in names}  # type: ignore[misc]
 
 
 def _converted(model: nn.Module, layers: dict[str, nn.LayerNorm]) -> nn.Module:
     if not layers and not any(isinstance(m, LPLayerNorm) for m in model.modules()):
-        warn_nothing_to_replace("LowPrecisionLayerNorm", "torch.nn.LayerNorm", model, stacklevel=4)
+        warn_nothing_to_replace("LowPrecisionLayerNorm", _LAYERS.describe(), model, stacklevel=4)
     return replace_modules(model, {name: _low_precision(layer) for name, layer in layers.items()})
 
 

@@ -7,6 +7,15 @@ shape-affecting choice: it is the algorithm's plan key, so each size compiles on
 
 ``'resize'`` downsamples by nearest-neighbour interpolation, ``'crop'`` takes one random crop of the batch (its
 corner drawn from the step's key). Targets are resized too with ``resize_targets`` (segmentation masks).
+
+Some models accept one input size only: a vision transformer whose position embeddings have one entry per
+patch of that size (torchvision's ``VisionTransformer``, timm's with a strict ``PatchEmbed``, Hugging Face's
+ViT and DeiT). At INIT the record looks for such a declared size in the model and refuses to start, naming the
+module and its size, rather than let the first smaller batch fail inside the model. The size is read from
+what these classes declare, not found by running the model on a smaller input: the model's own tensors are
+not the step's (``Static.module`` is structure only), a probe forward costs a forward of the full model on
+the device, and a failure inside it could have other causes; a declared size is exact, free and nameable.
+A timm model built with ``dynamic_img_size=True`` interpolates its position embeddings and is accepted.
 """
 
 from __future__ import annotations
@@ -24,10 +33,10 @@ from composer_fn.algorithms._keys import check_key
 from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.core import random as R
 from composer_fn.core import validate
-from composer_fn.core.algorithm import Algorithm, Hook, register
+from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
 from composer_fn.core.event import Event
 from composer_fn.core.host import readable_on_host
-from composer_fn.core.state import BatchMeta, State, StepCtx, batch_get, batch_set
+from composer_fn.core.state import BatchMeta, State, Static, StepCtx, batch_get, batch_set
 from composer_fn.core.time import Timestamp
 
 __all__ = [
@@ -38,6 +47,7 @@ __all__ = [
     "crop_params",
     "crop_apply",
     "resize_apply",
+    "fixed_input_size",
     "resize_batch",
 ]
 
@@ -218,6 +228,42 @@ def resize_batch(
     return _resized(input, target, size, mode, resize_targets, key)
 
 
+_FIXED_SIZE_PATCH_EMBEDDINGS = frozenset({"ViTPatchEmbeddings", "DeiTPatchEmbeddings"})
+
+
+def _pair(size: object) -> tuple[int, int] | None:
+    if validate.is_integer(size):
+        return int(size), int(size)  # type: ignore[call-overload]
+    if isinstance(size, tuple | list) and len(size) == 2 and all(validate.is_integer(v) for v in size):
+        return int(size[0]), int(size[1])
+    return None
+
+
+def _declared_size(module: torch.nn.Module) -> tuple[int, int] | None:
+    kind, origin = type(module).__name__, type(module).__module__
+    if origin.startswith("torchvision.") and kind == "VisionTransformer":
+        return _pair(getattr(module, "image_size", None))
+    if getattr(module, "strict_img_size", False) is True:
+        return _pair(getattr(module, "img_size", None))
+    if origin.startswith("transformers.") and kind in _FIXED_SIZE_PATCH_EMBEDDINGS:
+        return _pair(getattr(module, "image_size", None))
+    return None
+
+
+def fixed_input_size(model: torch.nn.Module) -> tuple[str, tuple[int, int]] | None:
+    """Returns ``(module name, (height, width))`` of the first module that accepts only one input size, or None.
+
+    The size is the one these modules declare: torchvision's ``VisionTransformer.image_size``, a timm
+    ``PatchEmbed`` whose ``strict_img_size`` holds (its ``img_size``), and the ``image_size`` of Hugging Face's
+    ViT and DeiT patch embeddings. The name is ``""`` for ``model`` itself.
+    """
+    for name, module in model.named_modules():
+        size = _declared_size(module)
+        if size is not None:
+            return name, size
+    return None
+
+
 @register
 @dataclass(frozen=True)
 class ProgressiveResizing(Algorithm):
@@ -255,6 +301,25 @@ class ProgressiveResizing(Algorithm):
                 "ProgressiveResizing(initial_scale=1) changes nothing: the images start at full size and stay "
                 "there; use initial_scale < 1 (Composer's default is 0.5) or leave ProgressiveResizing out"
             )
+
+    def host_hooks(self) -> Mapping[Event, HostHook]:
+        return {Event.INIT: self._check_model}
+
+    def _check_model(
+        self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
+    ) -> tuple[Static, State]:
+        fixed = fixed_input_size(static.module)
+        if fixed is not None and self.initial_scale < 1:
+            name, (height, width) = fixed
+            module = static.module.get_submodule(name)
+            where = f"submodule {name!r} ({type(module).__name__})" if name else type(module).__name__
+            raise ValueError(
+                f"ProgressiveResizing(initial_scale={self.initial_scale}) trains on images smaller than full "
+                f"size, but the model's {where} accepts only {height}x{width} inputs (its position embeddings "
+                "have one entry per patch of that size). Leave ProgressiveResizing out for this model, or build "
+                "it to accept other sizes (timm: dynamic_img_size=True)"
+            )
+        return static, state
 
     def scale(self, timestamp: Timestamp) -> float:
         """Returns the unpinned scale at ``timestamp`` (from ``timestamp.elapsed``)."""

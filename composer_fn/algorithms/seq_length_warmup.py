@@ -13,9 +13,11 @@ result is defined here: a warm-up of no time gives ``max_seq_length`` at once, a
 number of increments (``0 < warmup < increments``) takes ``progress * increments // warmup`` increments and
 gives ``max_seq_length`` from ``progress = warmup`` on, so it ends on time.
 
-Every tensor of the batch is cut along dim 1 to the length (``truncate=True``) or, with ``truncate=False``,
-flattened and re-cut into rows of the length, dropping the tokens that do not fill a row. A batch whose
-sequences are no longer than the length is returned as it is.
+Every sequence of the batch (the tokens and whatever has their ``[B, S]``: ``attention_mask``,
+``token_type_ids``, per-token labels) is cut along dim 1 to the length (``truncate=True``) or, with
+``truncate=False``, flattened and re-cut into rows of the length, dropping the tokens that do not fill a row;
+one value per example (a ``[B]`` classification label) is kept as it is. A batch whose sequences are no longer
+than the length is returned as it is.
 
 The length is a shape, so it is chosen on the host: ``plan_key`` returns it (capped at the batch's own
 length, so a run compiles one step per distinct shape) and the traced hook at AFTER_DATALOADER is specialised
@@ -70,21 +72,25 @@ def warmup_sequence_length(
 def set_batch_sequence_length(
     batch: Any, curr_seq_len: int, truncate: bool = True, preserve_end_of_sequence: bool = False
 ) -> Any:
-    """Returns ``batch`` with every tensor's sequence (dim 1) of length ``curr_seq_len``; ``batch`` is unchanged.
+    """Returns ``batch`` with every sequence (dim 1) of length ``curr_seq_len``; ``batch`` is unchanged.
 
-    ``batch`` is a mapping, tuple or list (a NamedTuple stays one) of tensors ``[B, S, ...]``. Every tensor of
-    two or more dimensions must have the same ``B`` and ``S`` (tokens and their labels are cut alike, so
-    sequences of different lengths are refused); when ``curr_seq_len >= S`` the batch is returned as it is. A floating-point tensor of four or more dimensions marks an image batch, which
-    raises ValueError rather than pass through unchanged.
+    ``batch`` is a mapping, tuple or list (a NamedTuple stays one) of tensors. Its tokens are ``"input_ids"``
+    in a mapping that holds them, else its first tensor of two or more dimensions, of shape ``[B, S, ...]``.
+    The sequences are the tensors whose first two dimensions are that ``(B, S)``: the tokens, their
+    ``attention_mask``, ``token_type_ids`` and per-token labels, cut alike so that each token keeps its mask and
+    label. The other tensors hold one value per example (``[B]`` classification labels, ``[B, K]`` multi-label
+    targets) and stay as they are; a tensor that is neither raises ValueError. When ``curr_seq_len >= S`` the
+    batch is returned as it is. A floating-point tensor of four or more dimensions marks an image batch,
+    which raises ValueError rather than pass through unchanged.
 
-    - ``truncate=True``: every tensor becomes ``t[:, :curr_seq_len]``. With ``preserve_end_of_sequence``, the
+    - ``truncate=True``: every sequence becomes ``t[:, :curr_seq_len]``. With ``preserve_end_of_sequence``, the
       last token of each row is kept: its value moves to position ``min(end, curr_seq_len - 1)``, where
       ``end`` is ``attention_mask.sum(1) - 1`` for a mapping batch (which must hold ``"attention_mask"``, as in
       Composer) and ``S - 1`` for a tuple or list batch (no mask: every position is a token).
-    - ``truncate=False``: every tensor (all of one shape ``[B, S]``) is flattened, cut to the largest multiple
+    - ``truncate=False``: every sequence (all of shape ``[B, S]``) is flattened, cut to the largest multiple
       of ``curr_seq_len`` and reshaped to ``[B * S // curr_seq_len, curr_seq_len]``; tokens that stand at the
-      same position in two tensors (an input and its label) stay together. ``preserve_end_of_sequence`` is
-      ignored.
+      same position in two tensors (a token, its mask and its label) stay together. A re-cut row mixes
+      examples, so a batch holding one value per example is refused. ``preserve_end_of_sequence`` is ignored.
     """
     curr_seq_len = validate.integer("curr_seq_len", curr_seq_len, minimum=1)
     validate.flag("truncate", truncate)
@@ -97,41 +103,54 @@ def set_batch_sequence_length(
                 "sequence length warmup cuts token sequences [batch, sequence, ...] and would leave images as they "
                 "are; use it with sequence models only"
             )
-    sequences = [(name, tensor) for name, tensor in zip(names, tensors, strict=True) if tensor.dim() > 1]
-    for name, tensor in sequences[1:]:
-        first_name, first = sequences[0]
-        if tensor.shape[:2] != first.shape[:2]:
+    tokens_name, tokens = _tokens(batch, names, tensors)
+    rows, sequence_length = tokens.shape[:2]
+    is_sequence = [t.dim() >= 2 and t.shape[:2] == (rows, sequence_length) for t in tensors]
+    for name, tensor, sequence in zip(names, tensors, is_sequence, strict=True):
+        if not sequence and (tensor.dim() == 0 or tensor.shape[0] != rows):
             raise ValueError(
-                f"batch item {name!r} has shape {tuple(tensor.shape)} and batch item {first_name!r} "
-                f"{tuple(first.shape)}: every sequence tensor must have the same batch size and length (dims 0 "
-                "and 1), so that cutting them keeps each token with its label"
+                f"batch item {name!r} has shape {tuple(tensor.shape)} and batch item {tokens_name!r} "
+                f"{tuple(tokens.shape)}, the tokens: expected a sequence [{rows}, {sequence_length}, ...] (cut with the tokens) "
+                f"or one value per example [{rows}, ...] (kept)"
             )
-    sequence_length = sequences[0][1].shape[1] if sequences else 0
     if curr_seq_len >= sequence_length:
         return batch
     if truncate:
-        for name, tensor in zip(names, tensors, strict=True):
-            if tensor.dim() < 2:
-                raise ValueError(
-                    f"batch item {name!r} has shape {tuple(tensor.shape)}: truncation needs every tensor to be "
-                    "sequence-shaped, [batch, sequence, ...]"
-                )
         if preserve_end_of_sequence:
-            ends = _sequence_ends(batch, tensors[0].shape[0], sequence_length, tensors[0].device)
-            resized = [_truncate_keeping_end(t, curr_seq_len, ends) for t in tensors]
+            ends = _sequence_ends(batch, rows, sequence_length, tokens.device)
+            resized = [
+                _truncate_keeping_end(t, curr_seq_len, ends) if sequence else t
+                for t, sequence in zip(tensors, is_sequence, strict=True)
+            ]
         else:
-            resized = [t[:, :curr_seq_len].contiguous() for t in tensors]
+            resized = [
+                t[:, :curr_seq_len].contiguous() if sequence else t
+                for t, sequence in zip(tensors, is_sequence, strict=True)
+            ]
     else:
-        shape = tensors[0].shape
-        for name, tensor in zip(names, tensors, strict=True):
-            if tensor.dim() != 2 or tensor.shape != shape:
+        for name, tensor, sequence in zip(names, tensors, is_sequence, strict=True):
+            if not sequence or tensor.dim() != 2:
                 raise ValueError(
-                    f"batch item {name!r} has shape {tuple(tensor.shape)}: truncate=False reshapes every tensor "
-                    f"alike, so each must be two-dimensional with the shape {tuple(shape)} of the first"
+                    f"batch item {name!r} has shape {tuple(tensor.shape)}: truncate=False re-cuts the rows of the "
+                    f"tokens {tokens_name!r} {tuple(tokens.shape)} across examples, so every tensor must have "
+                    "their shape; one value per example (a classification label) cannot follow a re-cut row. "
+                    "Use truncate=True, or keep only token-aligned items in the batch"
                 )
-        kept = shape[0] * shape[1] // curr_seq_len * curr_seq_len
+        kept = rows * sequence_length // curr_seq_len * curr_seq_len
         resized = [t.reshape(-1)[:kept].reshape(-1, curr_seq_len) for t in tensors]
     return _rebuilt(batch, names, resized)
+
+
+def _tokens(batch: Any, names: list[Any], tensors: list[Tensor]) -> tuple[Any, Tensor]:
+    if isinstance(batch, Mapping) and isinstance(batch.get("input_ids"), Tensor) and batch["input_ids"].dim() >= 2:
+        return "input_ids", batch["input_ids"]
+    for name, tensor in zip(names, tensors, strict=True):
+        if tensor.dim() >= 2:
+            return name, tensor
+    shapes = {name: tuple(t.shape) for name, t in zip(names, tensors, strict=True)}
+    raise ValueError(
+        f"batch holds no sequence-shaped tensor (shapes {shapes}): expected token ids [batch, sequence, ...]"
+    )
 
 
 def _items(batch: Any) -> tuple[list[Any], list[Tensor]]:

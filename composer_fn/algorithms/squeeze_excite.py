@@ -13,11 +13,12 @@ key, a different key for each replaced convolution; the convolution keeps its we
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from composer_fn.algorithms._surgery import Surgery, matching_modules, replaced, shared_copy
+from composer_fn.algorithms._surgery import SURGERY_LAYERS, Surgery, matching_modules, replaced, shared_copy
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
@@ -117,6 +118,7 @@ def _squeeze_excite_targets(model: nn.Module, min_channels: int) -> tuple[str, .
     def is_target(name: str, module: nn.Module) -> bool:
         return (
             isinstance(module, nn.Conv2d)
+            and SURGERY_LAYERS["squeeze_excite"].kind(module) is not None
             and min(module.in_channels, module.out_channels) >= min_channels
             and not any(name.startswith(prefix + ".") for prefix in wrapped)
         )
@@ -159,10 +161,17 @@ class SqueezeExcite(Surgery):
         latent_channels: the blocks' hidden width, or a fraction of each convolution's output channels when
             below 1.
         min_channels: a convolution gets a block when ``min(in_channels, out_channels) >= min_channels``.
+
+    With ``BlurPool`` in the same run it runs second, whichever order they are given in, and a blurred strided
+    convolution gets its block on the convolution inside the ``BlurConv2d``: ``se(conv(blur(x)))``, the model
+    Composer builds in either order (with ``blur_first=True``). After ``WeightStandardization`` it wraps the
+    standardized convolution.
     """
 
     latent_channels: float = 64
     min_channels: int = 128
+
+    rewrites_after: ClassVar[frozenset[str]] = frozenset({"blurpool", "weight_standardization"})
 
     def __post_init__(self) -> None:
         _check(self.latent_channels, self.min_channels)

@@ -1,8 +1,8 @@
 """StochasticDepth: drop residual branches at random while training (Huang et al., 2016; Composer's ``StochasticDepth``).
 
 A residual block computes ``relu(branch(x) + shortcut(x))``. Model surgery at INIT wraps the last layer of
-each target block's branch (``bn2`` of a ``BasicBlock``, ``bn3`` of torchvision's ``Bottleneck``) in a
-``StochasticBranch``, which holds the layer's rate and key and
+each target block's branch (``bn2`` of a ``BasicBlock``, ``bn3`` of a ``Bottleneck``, or the ``se`` attention
+that follows it in timm's blocks) in a ``StochasticBranch``, which holds the layer's rate and key and
 
 - in training with ``'sample'``, multiplies the branch's output by one Bernoulli(1 − p) draw per sample (a
   dropped sample's output is ``relu(shortcut(x))``);
@@ -48,7 +48,13 @@ from torch import Tensor, nn
 from torch._subclasses.fake_tensor import is_fake
 
 from composer_fn.algorithms._no_op import warn_changes_nothing
-from composer_fn.algorithms._surgery import Surgery, replace_modules, warn_nothing_to_replace
+from composer_fn.algorithms._surgery import (
+    SURGERY_LAYERS,
+    Surgery,
+    Withheld,
+    replace_modules,
+    warn_nothing_to_replace,
+)
 from composer_fn.algorithms._timing import stored_time
 from composer_fn.core import random as R
 from composer_fn.core import validate
@@ -57,7 +63,6 @@ from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static
 from composer_fn.core.time import Time, Timestamp, TimeUnit
 from composer_fn.nn import register_forward_key
-from composer_fn.nn.residual import BasicBlock
 
 __all__ = [
     "StochasticDepth",
@@ -77,18 +82,16 @@ DropDistribution = Literal["linear", "uniform"]
 STOCHASTIC_METHODS: tuple[str, ...] = ("block", "sample")
 DROP_DISTRIBUTIONS: tuple[str, ...] = ("linear", "uniform")
 TARGET_LAYER_NAMES: tuple[str, ...] = ("ResNetBottleneck", "Bottleneck", "BasicBlock")
-"""Accepted ``target_layer_name`` values: torchvision's ``Bottleneck`` (``'ResNetBottleneck'`` is Composer's name
-for it) and ``'BasicBlock'``, which covers torchvision's and ``composer_fn.models.resnet``'s."""
+"""Accepted ``target_layer_name`` values: ``'Bottleneck'`` (``'ResNetBottleneck'`` is Composer's name for it) and
+``'BasicBlock'``: torchvision's and timm's ResNet blocks, and ``composer_fn.models.resnet``'s ``BasicBlock`` (the
+classes are declared in ``SURGERY_LAYERS``)."""
 
 
-def _block_kinds(target_layer_name: str) -> tuple[tuple[type[nn.Module], str], ...]:
-    """Returns ``(block class, name of the branch's last layer)`` for each class ``target_layer_name`` covers."""
-    # Imported on first use: torchvision takes about a second to import, and most runs never ask.
-    from torchvision.models import resnet as torchvision_resnet
-
-    if target_layer_name in ("ResNetBottleneck", "Bottleneck"):
-        return ((torchvision_resnet.Bottleneck, "bn3"),)
-    return ((BasicBlock, "bn2"), (torchvision_resnet.BasicBlock, "bn2"))
+def _branch_end(block: nn.Module, kind: str) -> str:
+    """Returns the attribute of the last layer of ``block``'s residual branch, ``block`` being of class ``kind``."""
+    last = "bn3" if kind.endswith("Bottleneck") else "bn2"
+    # timm's blocks may apply an attention module (``se``) after the last norm: the branch ends there.
+    return "se" if kind.startswith("timm.") and isinstance(getattr(block, "se", None), nn.Module) else last
 
 
 class StochasticBranch(nn.Module):
@@ -168,17 +171,22 @@ class StochasticBlock(nn.Module):
     evaluation) it is its class's forward.
     """
 
-    branch_layer: ClassVar[str]
-    """The attribute of the branch's last layer: ``'bn2'`` (``BasicBlock``) or ``'bn3'`` (``Bottleneck``)."""
+    branch_layer: str
+    """The attribute of the branch's last layer: ``'bn2'`` (``BasicBlock``), ``'bn3'`` (``Bottleneck``) or ``'se'``
+    (timm's blocks with attention); set on each block, as timm's blocks differ by instance."""
     shortcut_layer: ClassVar[str]
-    """The attribute of the shortcut: ``'shortcut'`` (ours) or ``'downsample'`` (torchvision's)."""
+    """The attribute of the shortcut: ``'shortcut'`` (ours) or ``'downsample'`` (torchvision's and timm's)."""
+    output_activation: ClassVar[str | None] = None
+    """The attribute of the activation after the sum (timm's ``act2``/``act3``); None for ReLU."""
 
     def dropped_output(self, x: Tensor) -> Tensor:
-        """Returns the output of the dropped block: ``x``, or ``relu(shortcut(x))`` for a projection shortcut."""
+        """Returns the output of the dropped block: ``x``, or ``act(shortcut(x))`` for a projection shortcut."""
         shortcut = getattr(self, self.shortcut_layer, None)
         if shortcut is None or isinstance(shortcut, nn.Identity):
             return x
-        return F.relu(shortcut(x))
+        activation = getattr(self, self.output_activation) if self.output_activation else F.relu
+        output: Tensor = activation(shortcut(x))
+        return output
 
     def forward(self, x: Tensor) -> Tensor:
         """Returns the block's output, its branch dropped by its keep mask in training with ``'block'``."""
@@ -229,28 +237,49 @@ _STOCHASTIC_CLASS_NAMES = {
     ("composer_fn.nn.residual", "BasicBlock"): "StochasticBasicBlock",
     ("torchvision.models.resnet", "BasicBlock"): "StochasticTorchvisionBasicBlock",
     ("torchvision.models.resnet", "Bottleneck"): "StochasticTorchvisionBottleneck",
+    ("timm.models.resnet", "BasicBlock"): "StochasticTimmBasicBlock",
+    ("timm.models.resnet", "Bottleneck"): "StochasticTimmBottleneck",
 }
 
 
 def stochastic_class(kind: type[nn.Module]) -> type[StochasticBlock]:
-    """Returns the ``StochasticBlock`` subclass of the block class ``kind`` (one of ``TARGET_LAYER_NAMES``')."""
-    name = _STOCHASTIC_CLASS_NAMES.get((kind.__module__, kind.__qualname__))
-    if name is None:
+    """Returns the ``StochasticBlock`` subclass of the block class ``kind`` (one of ``TARGET_LAYER_NAMES``', or
+    a subclass of one)."""
+    known = next(
+        (c for c in kind.__mro__ if (c.__module__, c.__qualname__) in _STOCHASTIC_CLASS_NAMES), None
+    )
+    if known is None:
         raise TypeError(f"kind={kind.__qualname__}: expected a block class of {', '.join(TARGET_LAYER_NAMES)}")
-    made = globals().get(name)
+    if known is kind:
+        name = _STOCHASTIC_CLASS_NAMES[(kind.__module__, kind.__qualname__)]
+        made = globals().get(name)
+    else:
+        # A user's subclass of a known block: made once per class, kept beside the named ones.
+        name = f"Stochastic{kind.__qualname__}"
+        made = _SUBCLASSED.get(kind)
     if made is not None:
         made_class: type[StochasticBlock] = made
         return made_class
+    kind_name = f"{known.__module__}.{known.__qualname__}"
     attributes = {
         "__module__": __name__,
         "__qualname__": name,
         "__doc__": f"{kind.__qualname__} that block-wise StochasticDepth keeps or drops whole (see StochasticBlock).",
-        "branch_layer": "bn3" if kind.__name__ == "Bottleneck" else "bn2",
-        "shortcut_layer": "shortcut" if kind is BasicBlock else "downsample",
+        "branch_layer": "bn3" if known.__name__ == "Bottleneck" else "bn2",
+        "shortcut_layer": "shortcut" if kind_name.startswith("composer_fn.") else "downsample",
+        "output_activation": None if not kind_name.startswith("timm.") else (
+            "act3" if known.__name__ == "Bottleneck" else "act2"
+        ),
     }
     cls = type(name, (StochasticBlock, kind), attributes)
-    globals()[name] = cls
+    if known is kind:
+        globals()[name] = cls
+    else:
+        _SUBCLASSED[kind] = cls
     return cls
+
+
+_SUBCLASSED: dict[type[nn.Module], type[StochasticBlock]] = {}
 
 
 def __getattr__(name: str) -> type[StochasticBlock]:
@@ -274,25 +303,33 @@ def drop_rates(
 
 def _target_blocks(model: nn.Module, target_layer_name: str) -> tuple[tuple[str, str], ...]:
     """Returns ``(block name, branch's last layer)`` for each block of the kind that is not stochastic yet."""
+    kinds = SURGERY_LAYERS[f"stochastic_depth/{_block_family(target_layer_name)}"]
     targets = []
     for name, block in model.named_modules():
-        for kind, last in _block_kinds(target_layer_name):
-            layer = getattr(block, last, None) if isinstance(block, kind) else None
-            # A block whose last layer is already wrapped is stochastic: idempotence.
-            if isinstance(layer, nn.Module) and not isinstance(layer, StochasticBranch):
-                targets.append((name, last))
-                break
+        kind = kinds.kind(block)
+        if kind is None:
+            continue
+        last = block.branch_layer if isinstance(block, StochasticBlock) else _branch_end(block, kind)
+        layer = getattr(block, last, None)
+        # A block whose last layer is already wrapped is stochastic: idempotence (a withheld one is left alone).
+        if isinstance(layer, nn.Module) and not isinstance(layer, StochasticBranch | Withheld):
+            targets.append((name, last))
     return tuple(targets)
 
 
-def _stochastic_block(block: nn.Module, branch: StochasticBranch) -> nn.Module:
+def _block_family(target_layer_name: str) -> str:
+    return "Bottleneck" if target_layer_name in ("ResNetBottleneck", "Bottleneck") else "BasicBlock"
+
+
+def _stochastic_block(block: nn.Module, last: str, branch: StochasticBranch) -> nn.Module:
     # The block as an instance of its stochastic class: its own children (so that ``replace_modules`` finds them
     # in the model it copies) and tensors, its branch's last layer wrapped; its other attributes copied.
     memo: dict[int, object] = {id(x): x for x in [*block.children(), *block.parameters(), *block.buffers()]}
     stochastic = copy.deepcopy(block, memo)
     kind = stochastic_class(type(block))
     stochastic.__class__ = kind
-    stochastic._modules[kind.branch_layer] = branch
+    stochastic.__dict__["branch_layer"] = last
+    stochastic._modules[last] = branch
     return stochastic
 
 
@@ -315,7 +352,10 @@ def apply_stochastic_depth(
     _check(target_layer_name, stochastic_method, drop_rate, drop_distribution)
     blocks = _target_blocks(model, target_layer_name)
     if not blocks and not _branch_names(model):
-        looks_for = f"{target_layer_name} block (target_layer_name accepts {', '.join(TARGET_LAYER_NAMES)})"
+        other = "BasicBlock" if _block_family(target_layer_name) == "Bottleneck" else "Bottleneck"
+        found = len(_target_blocks(model, other))
+        hint = f"; it holds {found} {other} blocks: use target_layer_name={other!r}" if found else ""
+        looks_for = f"{target_layer_name} block (target_layer_name accepts {', '.join(TARGET_LAYER_NAMES)}){hint}"
         warn_nothing_to_replace("StochasticDepth", looks_for, model)
     rates = drop_rates(drop_rate, len(blocks), drop_distribution)
     replacements: dict[str, nn.Module] = {}
@@ -325,10 +365,11 @@ def apply_stochastic_depth(
         # The last layer is replaced wherever it is registered, and its block (the root's class changes below).
         replacements[f"{name}.{last}" if name else last] = branch
         if name:
-            replacements[name] = _stochastic_block(model.get_submodule(name), branch)
+            replacements[name] = _stochastic_block(model.get_submodule(name), last, branch)
     rewritten = replace_modules(model, replacements)
     if blocks and blocks[0][0] == "":
         rewritten.__class__ = stochastic_class(type(model))
+        rewritten.__dict__["branch_layer"] = blocks[0][1]
     return rewritten
 
 
@@ -352,8 +393,8 @@ def _check(target_layer_name: str, stochastic_method: str, drop_rate: float, dro
     if target_layer_name not in TARGET_LAYER_NAMES:
         raise ValueError(
             f"target_layer_name={target_layer_name!r} is not a block we make stochastic; accepted: "
-            f"{', '.join(TARGET_LAYER_NAMES)} ('ResNetBottleneck' and 'Bottleneck' are torchvision's Bottleneck, "
-            "'BasicBlock' is torchvision's or composer_fn.models.resnet's)"
+            f"{', '.join(TARGET_LAYER_NAMES)} ('ResNetBottleneck' and 'Bottleneck' are torchvision's and timm's "
+            "Bottleneck, 'BasicBlock' is torchvision's, timm's or composer_fn.models.resnet's)"
         )
     validate.choice("stochastic_method", stochastic_method, STOCHASTIC_METHODS)
     validate.probability("drop_rate", drop_rate)
@@ -415,6 +456,9 @@ class StochasticDepth(Surgery):
             ``'0.1dur'``) or a number of batches (``'500ba'``); 0 for none. Unlike Composer, it also works with
             ``'sample'``.
     """
+
+    # After GhostBatchNorm it wraps the ghost layer at the end of each branch.
+    rewrites_after: ClassVar[frozenset[str]] = frozenset({"ghost_batchnorm"})
 
     target_layer_name: str = "ResNetBottleneck"
     stochastic_method: StochasticMethod = "block"

@@ -17,11 +17,18 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from composer_fn.algorithms._surgery import Surgery, check_model, replace_modules, warn_nothing_to_replace
+from composer_fn.algorithms._surgery import (
+    SURGERY_LAYERS,
+    Surgery,
+    check_model,
+    replace_modules,
+    warn_nothing_to_replace,
+)
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
 
@@ -95,7 +102,8 @@ _CONV_SETTINGS = ("stride", "padding", "dilation", "groups", "padding_mode")
 
 def standardized_conv(conv: nn.Conv1d | nn.Conv2d | nn.Conv3d) -> nn.Module:
     """Returns a ``WSConv*d`` with ``conv``'s settings and copies of its tensors; ``conv`` is untouched."""
-    cls = _STANDARDIZED.get(type(conv))
+    plain = SURGERY_LAYERS["weight_standardization"].kind(conv) is not None
+    cls = next((ws for torch_class, ws in _STANDARDIZED.items() if plain and isinstance(conv, torch_class)), None)
     if cls is None:
         raise TypeError(f"conv={type(conv).__name__} must be a torch.nn.Conv1d, Conv2d or Conv3d")
     settings = {name: getattr(conv, name) for name in _CONV_SETTINGS}
@@ -150,7 +158,8 @@ def _targets(module: nn.Module, n_last_layers_ignore: int) -> list[str]:
             stacklevel=3,
         )
     chosen = ordered[: max(len(ordered) - n_last_layers_ignore, 0)]
-    return [name for name in chosen if type(module.get_submodule(name)) in _STANDARDIZED]
+    layers = SURGERY_LAYERS["weight_standardization"]
+    return [name for name in chosen if layers.kind(module.get_submodule(name)) is not None]
 
 
 def _standardized(module: nn.Module, names: list[str]) -> nn.Module:
@@ -186,6 +195,9 @@ class WeightStandardization(Surgery):
     """Standardizes the weights of convolutions at INIT (Composer's ``WeightStandardization``)."""
 
     n_last_layers_ignore: int = 0
+
+    # After BlurPool it standardizes the convolution inside each blurred layer.
+    rewrites_after: ClassVar[frozenset[str]] = frozenset({"blurpool"})
 
     def __post_init__(self) -> None:
         validate.integer("n_last_layers_ignore", self.n_last_layers_ignore, minimum=0)

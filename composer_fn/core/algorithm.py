@@ -72,7 +72,13 @@ class Capabilities:
 
     rewrites: Callable[[Any], frozenset[str]] | None = None
     """Model surgery: ``rewrites(module)`` names the submodules it replaces at INIT. Two algorithms claiming one
-    submodule are refused before training; a checkpoint re-applies the surgery before loading."""
+    submodule are refused before training (unless one names the other in ``rewrites_after``); a checkpoint
+    re-applies the surgery before loading."""
+
+    rewrites_after: frozenset[str] = frozenset()
+    """Surgery that composes: the names of surgeries that may claim the same submodules, whose results this one
+    rewrites (SqueezeExcite wraps the convolution of BlurPool's blurred layer). The default passes run it after
+    them at INIT, whichever order they were given in, so the model comes out the same."""
 
     freezes: Callable[[Any, Timestamp], frozenset[str]] | None = None
     """Layer freezing: ``freezes(module, timestamp)`` names the parameters that get neither gradient nor update

@@ -98,20 +98,29 @@ def _check_names(algorithms: tuple[Algorithm, ...]) -> None:
 
 
 def check_surgery_conflicts(algorithms: Sequence[Algorithm], module: Any) -> None:
-    """Raises ``ValueError`` when two algorithms claim the same submodule of ``module`` for surgery."""
-    claimed: dict[str, str] = {}
+    """Raises ``ValueError`` when two algorithms claim the same submodule of ``module`` for surgery.
+
+    Two surgeries may share submodules when one names the other in ``Capabilities.rewrites_after``: they
+    compose, in that order.
+    """
+    claimed: dict[str, list[str]] = {}
+    after = {a.name: a.capabilities().rewrites_after for a in algorithms}
     for algorithm in algorithms:
         rewrites = algorithm.capabilities().rewrites
         for target in sorted(rewrites(module) if rewrites is not None else ()):
-            owner = claimed.get(target)
-            if owner is None:
-                owner = next((claimed[t] for t in claimed if _nested(t, target) or _nested(target, t)), None)
-            if owner is not None and owner != algorithm.name:
-                raise ValueError(
-                    f"algorithms {owner!r} and {algorithm.name!r} both rewrite submodule {target!r}; "
-                    "keep one of them, or restrict one to other modules"
-                )
-            claimed[target] = algorithm.name
+            owners = [
+                owner
+                for claim, names in claimed.items()
+                if claim == target or _nested(claim, target) or _nested(target, claim)
+                for owner in names
+            ]
+            for owner in owners:
+                if owner != algorithm.name and owner not in after[algorithm.name] and algorithm.name not in after[owner]:
+                    raise ValueError(
+                        f"algorithms {owner!r} and {algorithm.name!r} both rewrite submodule {target!r}; keep one "
+                        f"of them, or restrict one to other modules (target_modules=(...) of module-name patterns)"
+                    )
+            claimed.setdefault(target, []).append(algorithm.name)
 
 
 def frozen_parameters(algorithms: Sequence[Algorithm], timestamp: Timestamp, module: Any) -> frozenset[str]:

@@ -23,6 +23,7 @@ __all__ = [
     "sort_placement_first",
     "sort_placement_last",
     "set_filo_order",
+    "sort_rewrites_after",
     "check_multiple_loss_interpolation",
     "DEFAULT_PASSES",
     "DEFAULT_CHECKS",
@@ -57,6 +58,31 @@ def set_filo_order(algorithms: Sequence[Algorithm], event: Event) -> Sequence[Al
     return tuple(reversed(algorithms)) if event.name.startswith("AFTER_") else algorithms
 
 
+def sort_rewrites_after(algorithms: Sequence[Algorithm], event: Event) -> Sequence[Algorithm]:
+    """Returns the algorithms with each surgery moved after those it names in ``Capabilities.rewrites_after``.
+
+    Only at INIT, where surgeries run: composing surgeries then build one model whatever order they were given in.
+    """
+    if event is not Event.INIT:
+        return algorithms
+    ordered = list(algorithms)
+    for _ in range(len(ordered) ** 2):
+        position = {a.name: i for i, a in enumerate(ordered)}
+        late = next(
+            (
+                (i, max(position[n] for n in a.capabilities().rewrites_after if n in position))
+                for i, a in enumerate(ordered)
+                if any(position.get(n, -1) > i for n in a.capabilities().rewrites_after)
+            ),
+            None,
+        )
+        if late is None:
+            break
+        index, target = late
+        ordered.insert(target, ordered.pop(index))
+    return ordered
+
+
 def check_multiple_loss_interpolation(algorithms: Sequence[Algorithm], event: Event) -> tuple[str, ...]:
     """Returns a diagnostic when more than one algorithm interpolates the loss at ``event``."""
     interpolating = [a.name for a in algorithms if a.capabilities().interpolates_loss]
@@ -70,5 +96,5 @@ def check_multiple_loss_interpolation(algorithms: Sequence[Algorithm], event: Ev
 
 # FILO runs before the placements, so "first" means first on AFTER_* events too. Composer sorts selective
 # backprop first and then reverses AFTER_* events, which puts it last at AFTER_DATALOADER, its own event.
-DEFAULT_PASSES: tuple[Pass, ...] = (set_filo_order, sort_placement_first, sort_placement_last)
+DEFAULT_PASSES: tuple[Pass, ...] = (set_filo_order, sort_placement_first, sort_placement_last, sort_rewrites_after)
 DEFAULT_CHECKS: tuple[Check, ...] = (check_multiple_loss_interpolation,)

@@ -18,7 +18,8 @@ from torch import Tensor, nn
 
 __all__ = [
     "initial_state", "State", "StepCtx", "Static", "BatchMeta", "batch_meta",
-    "Precision", "LossFn", "ForwardFn", "GradientFn", "batch_get", "batch_set", "tree_map",
+    "Precision", "LossFn", "ForwardFn", "GradientFn", "batch_get", "batch_input", "batch_set", "batch_target",
+    "tree_map",
 ]
 
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed"]
@@ -102,7 +103,8 @@ class StepCtx(_Record):
         loss_fn: ``loss_fn(outputs, batch) -> loss``; hooks may call it (loss interpolation).
         forward: ``forward(params, buffers, input) -> (outputs, new_buffers)``, the model as a pure function
             under the step's precision, for an algorithm that declared ``"extra_forward"`` (e.g. a scoring pass
-            before the real one); the buffers given are not written to.
+            before the real one); the buffers given are not written to. Where the trainer gives the model mapping
+            batches as keyword arguments (``input_key=None``), a mapping ``input`` is taken as those.
         per_sample_loss_fn: ``per_sample_loss_fn(outputs, batch) -> [B]`` losses, one per sample, for an
             algorithm that declared ``"per_sample_loss"``.
         gradient_fn: ``gradient_fn(params) -> (loss, grads)``, the loss closure, from AFTER_BACKWARD on, for an
@@ -255,9 +257,9 @@ class BatchMeta:
     tokens: int = 0
 
 
-def batch_meta(batch: Any, input_key: int | str = 0) -> BatchMeta:
-    """Returns the metadata of ``batch``: its size, its input's shape and its token count."""
-    input = batch_get(batch, input_key)
+def batch_meta(batch: Any, input_key: int | str | None = 0) -> BatchMeta:
+    """Returns the metadata of ``batch``: its size, its input's shape and its token count (see ``batch_input``)."""
+    input = batch_input(batch, input_key)
     shape = tuple(input.shape)
     tokens = 0 if input.is_floating_point() or input.is_complex() else input.numel()
     return BatchMeta(int(shape[0]), shape, int(tokens))
@@ -289,6 +291,28 @@ def batch_get(batch: Any, key: int | str) -> Any:
             f"batch has no item {key!r}: a batch is a tuple/list indexed by position or a mapping by key, "
             f"got {type(batch).__name__}"
         ) from error
+
+
+def batch_input(batch: Any, input_key: int | str | None) -> Any:
+    """Returns the item of ``batch`` that holds its samples' inputs: ``batch[input_key]``; with ``input_key=None``
+    (a mapping batch given to the model as keyword arguments), a mapping's ``'input_ids'``, else its first
+    tensor, and a tuple/list's item 0."""
+    if input_key is not None or not isinstance(batch, Mapping):
+        return batch_get(batch, 0 if input_key is None else input_key)
+    if "input_ids" in batch:
+        return batch["input_ids"]
+    for item in batch.values():
+        if isinstance(item, Tensor):
+            return item
+    raise KeyError(f"batch has no tensor: a mapping batch holds its inputs as tensors, got keys {list(batch)}")
+
+
+def batch_target(batch: Any, target_key: int | str | None) -> Any:
+    """Returns the item of ``batch`` that holds its targets: ``batch[target_key]``; with ``target_key=None``, a
+    mapping's ``'labels'`` and a tuple/list's item 1."""
+    if target_key is None:
+        target_key = "labels" if isinstance(batch, Mapping) else 1
+    return batch_get(batch, target_key)
 
 
 def batch_set(batch: Any, key: int | str, value: Any) -> Any:

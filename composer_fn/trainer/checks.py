@@ -204,7 +204,7 @@ def input_expectation(module: nn.Module, trained: tuple[tuple[int, ...], torch.d
 def check_predict_input(
     inputs: object,
     index: int,
-    input_key: int | str,
+    input_key: int | str | None,
     trained: tuple[tuple[int, ...], torch.dtype] | None,
     module: nn.Module,
 ) -> None:

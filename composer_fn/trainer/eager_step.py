@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from composer_fn.core import random as R
-from composer_fn.core.state import LossFn, State, batch_get
+from composer_fn.core.state import LossFn, State
 from composer_fn.nn import forward_keys
 from composer_fn.optim.base import OptState, in_layout_of
 from composer_fn.trainer.loss_scale import DynamicLossScale
@@ -55,15 +55,16 @@ class ModuleSlots:
                 slots.setdefault(canonical, []).append((getattr(owner, kind), attribute))
         self.slots = {name: tuple(tables) for name, tables in slots.items()}
 
-    def __call__(self, tensors: Mapping[str, Tensor], input: Any) -> Any:
-        """Returns ``module(input)`` computed with ``tensors`` in place of the module's own."""
+    def __call__(self, tensors: Mapping[str, Tensor], input: Any, keywords: bool = False) -> Any:
+        """Returns ``module(input)`` computed with ``tensors`` in place of the module's own (``module(**input)``
+        with ``keywords``)."""
         saved = []
         try:
             for name, tensor in tensors.items():
                 for table, attribute in self.slots[name]:
                     saved.append((table, attribute, table[attribute]))
                     table[attribute] = tensor
-            return self.module(input)
+            return self.module(**input) if keywords else self.module(input)
         finally:
             for table, attribute, original in reversed(saved):
                 table[attribute] = original
@@ -75,14 +76,14 @@ def make_plain_step(
     update: Update,
     *,
     precision: Callable[[], contextlib.AbstractContextManager[Any]],
-    input_key: int | str,
+    model_input: Callable[[Any], Any],
     frozen: frozenset[str],
     key_names: tuple[str, ...],
     scaler: DynamicLossScale | None = None,
 ) -> Callable[[State, Any], tuple[State, dict[str, Tensor]]]:
     """Returns the eager training step ``(state, batch) -> (state, {"loss": loss})`` of a plan without hooks.
 
-    The step runs ``forward`` on the batch's ``input_key`` item, ``loss_fn`` under ``precision()``, the gradient
+    The step runs ``forward`` on ``model_input(batch)``, ``loss_fn`` under ``precision()``, the gradient
     of the parameters not in ``frozen`` by ``torch.autograd.grad``, and ``update``. The random layers named in
     ``key_names`` draw from ``fold_in(state.key, state.step)``, as in the reference step. With ``scaler`` (fp16),
     it differentiates the scaled loss, unscales the gradients, skips the update when one is not finite and
@@ -92,7 +93,7 @@ def make_plain_step(
     def plain_step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
         leaves = {name: p.detach() if name in frozen else p.detach().requires_grad_() for name, p in state.params.items()}
         keys = forward_keys(key_names, R.fold_in(state.key, state.step)) if key_names else None
-        outputs, buffers = forward(leaves, state.buffers, batch_get(batch, input_key), keys)
+        outputs, buffers = forward(leaves, state.buffers, model_input(batch), keys)
         with precision():
             loss = loss_fn(outputs, batch)
         trainable = [name for name in leaves if name not in frozen]

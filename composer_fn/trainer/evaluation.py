@@ -7,11 +7,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import Tensor
 
 from composer_fn.core.event import Event
-from composer_fn.core.state import LossFn, State, batch_get
+from composer_fn.core.state import LossFn, State, batch_input, batch_target
 from composer_fn.trainer.microbatch import Reduce
+from composer_fn.trainer.outputs import causal_shift, logits_of
 from composer_fn.trainer.step import class_last
 
 __all__ = ["evaluate", "measure"]
@@ -23,9 +25,10 @@ def evaluate(
     batches: Iterable[Any],
     *,
     loss_fn: LossFn,
-    target_key: int | str,
-    input_key: int | str = 0,
+    target_key: int | str | None,
+    input_key: int | str | None = 0,
     device: torch.device,
+    causal: bool = False,
     on_event: Callable[[Event], None],
     reduce: Reduce | None = None,
     gather: Callable[[list[float]], list[float]] | None = None,
@@ -33,7 +36,9 @@ def evaluate(
     """Returns ``accuracy`` (multiclass, micro: correct over labelled positions) and ``loss`` (the batches'
     losses weighted by their sizes) of ``state``.
 
-    ``step`` maps ``(state, batch)`` to outputs; ``batches`` are already on ``device``; an empty batch (a
+    ``step`` maps ``(state, batch)`` to outputs, a tensor of logits or a record holding ``logits`` (a
+    ``transformers`` output; ``causal``: a causal language model's, whose logits at ``t`` predict the target at
+    ``t + 1``); the loss is ``loss_fn`` of the outputs in fp32. ``batches`` are already on ``device``; an empty batch (a
     process's share of a short last batch) is skipped. ``on_event`` runs at EVAL_BATCH_START and EVAL_BATCH_END
     of every batch. Across processes, ``reduce`` sums the counts and ``gather`` concatenates the batches' weighted
     losses in rank order; the loss is their correctly rounded sum (``math.fsum``), so the metrics do not depend
@@ -44,19 +49,19 @@ def evaluate(
     samples = torch.zeros((), dtype=torch.int64, device=device)
     losses: list[Tensor] = []
     for batch in batches:
-        if int(batch_get(batch, input_key).shape[0]) == 0:
+        if int(batch_input(batch, input_key).shape[0]) == 0:
             continue
         on_event(Event.EVAL_BATCH_START)
         outputs = step(state, batch)
-        target = batch_get(batch, target_key)
-        predictions = outputs.movedim(-1, 1) if class_last(outputs, target) else outputs
+        logits, target = causal_shift(logits_of(outputs), batch_target(batch, target_key), causal)
+        predictions = logits.movedim(-1, 1) if class_last(logits, target) else logits
         with torch.no_grad():
             # -100 marks positions without a label (masked-LM targets, padding), as in cross-entropy.
             mask = target != -100
             correct += ((predictions.argmax(1) == target) & mask).sum()
             labelled += mask.sum()
             samples += target.shape[0]
-            losses.append(loss_fn(outputs.float(), batch).double() * target.shape[0])
+            losses.append(loss_fn(_in_fp32(outputs), batch).double() * target.shape[0])
         on_event(Event.EVAL_BATCH_END)
     counts = [correct, labelled, samples]
     if reduce is not None:
@@ -79,24 +84,26 @@ def measure(
     batches: Iterable[Any],
     evaluator: Any,
     *,
-    target_key: int | str,
+    target_key: int | str | None,
     on_event: Callable[[Event], None],
+    causal: bool = False,
 ) -> dict[str, float]:
     """Returns ``evaluator``'s torchmetrics metrics of ``state``, as ``eval/<label>/<name>``.
 
-    Each metric is reset, updated with ``(outputs, targets)`` on every non-empty batch (on the outputs' device)
-    and computed; torchmetrics sums its states across processes when a process group is up.
+    Each metric is reset, updated with ``(logits, targets)`` on every non-empty batch (on the outputs' device;
+    the outputs themselves where they are not a record holding ``logits``; shifted a position apart for a
+    ``causal`` language model) and computed; torchmetrics sums its states across processes when a process group is up.
     """
     metrics = dict(evaluator.metrics)
     for metric in metrics.values():
         metric.reset()
     for batch in batches:
         on_event(Event.EVAL_BATCH_START)
-        target = batch_get(batch, target_key)
+        target = batch_target(batch, target_key)
         if target.shape[0]:
-            outputs = step(state, batch)
+            logits, shifted = causal_shift(logits_of(step(state, batch)), target, causal)
             for metric in metrics.values():
-                metric.to(outputs.device).update(outputs, target)
+                metric.to(logits.device).update(logits, shifted)
         on_event(Event.EVAL_BATCH_END)
     results = {}
     for name, metric in metrics.items():
@@ -109,3 +116,8 @@ def measure(
             )
         results[f"eval/{evaluator.label}/{name}"] = float(value)
     return results
+
+
+def _in_fp32(outputs: Any) -> Any:
+    # The outputs (a tensor or a record of them) with their floating-point tensors in fp32.
+    return pytree.tree_map(lambda t: t.float() if isinstance(t, Tensor) and t.is_floating_point() else t, outputs)

@@ -17,7 +17,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor, nn
 
 from composer_fn.core import random as R
-from composer_fn.core.state import LossFn, State, StepCtx, batch_get
+from composer_fn.core.state import LossFn, State, StepCtx, batch_input
 from composer_fn.optim.base import in_layout_of
 
 __all__ = ["Reduce", "Summing", "failed_contribution", "microbatched_step", "norm_statistics", "split_batch"]
@@ -55,11 +55,11 @@ def norm_statistics(module: nn.Module) -> tuple[str, ...]:
     return tuple(names)
 
 
-def split_batch(batch: Any, input_key: int | str, size: int | None, first: int = 0) -> list[tuple[int, Any, int]]:
+def split_batch(batch: Any, input_key: int | str | None, size: int | None, first: int = 0) -> list[tuple[int, Any, int]]:
     """Returns ``batch`` cut along dim 0 into microbatches of ``size`` samples (the last may be smaller), each
     with its first sample's place (counted from ``first``) and its sample count; tensors whose first dim is not
     the batch's are passed whole to each."""
-    total = int(batch_get(batch, input_key).shape[0])
+    total = int(batch_input(batch, input_key).shape[0])
     if size is None or size >= total:
         return [(first, batch, total)] if total else []
 
@@ -133,7 +133,7 @@ def microbatched_step(
     finish: Callable[..., tuple[State, dict[str, Tensor]]],
     *,
     loss_fn: LossFn,
-    input_key: int | str,
+    input_key: int | str | None,
     microbatch_size: int | None,
     first_sample: int,
     frozen: frozenset[str],

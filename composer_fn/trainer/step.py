@@ -53,6 +53,7 @@ from composer_fn.optim.fused import fusable, fused_step
 from composer_fn.trainer.eager_step import ModuleSlots, make_plain_step
 from composer_fn.trainer.loss_scale import DynamicLossScale
 from composer_fn.trainer.microbatch import Reduce, Summing, microbatched_step, norm_statistics
+from composer_fn.trainer.outputs import keyword_names, model_inputs
 
 __all__ = [
     "check_class_targets",
@@ -169,20 +170,24 @@ def precision_context(static: Static) -> contextlib.AbstractContextManager[Any]:
 def _forward(
     static: Static,
     slots: ModuleSlots | None,
+    keywords: bool,
     params: Mapping[str, Tensor],
     buffers: Mapping[str, Tensor],
     input: Tensor,
     keys: Mapping[str, Tensor] | None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     # The forward writes BatchNorm statistics into the buffers it is given: hand it copies and return them.
-    # Random layers read this forward's keys; the returned buffers keep the stored ones.
+    # Random layers read this forward's keys; the returned buffers keep the stored ones. With ``keywords``, a
+    # mapping input holds the model's keyword arguments.
+    keywords = keywords and isinstance(input, Mapping)
     new_buffers = {name: b.clone() for name, b in buffers.items()}
     given = {**new_buffers, **keys} if keys else new_buffers
     with precision_context(static):
         if slots is None:
-            outputs = functional_call(static.module, (dict(params), given), (input,))
+            args, kwargs = ((), dict(input)) if keywords else ((input,), None)
+            outputs = functional_call(static.module, (dict(params), given), args, kwargs)
         else:
-            outputs = slots({**params, **given}, input)
+            outputs = slots({**params, **given}, input, keywords)
     return outputs, new_buffers
 
 
@@ -192,7 +197,7 @@ def make_train_step(
     loss_fn: LossFn,
     tx: GradientTransformation,
     *,
-    input_key: int | str = 0,
+    input_key: int | str | None = 0,
     grad_mode: GradMode = "autograd",
     per_sample_loss_fn: LossFn | None = None,
     donate: bool = False,
@@ -214,6 +219,10 @@ def make_train_step(
     Hooks find the model as a pure function in ``ctx.forward``, per-sample losses in
     ``ctx.per_sample_loss_fn`` (``per_sample_loss_fn``, or ``loss_fn`` vectorized per sample when not given) and,
     from AFTER_BACKWARD on, the loss closure in ``ctx.gradient_fn`` (see the module docstring).
+
+    The model is called with ``batch[input_key]``; with ``input_key=None``, a mapping batch's items that its
+    ``forward`` names, as keyword arguments (``composer_fn.trainer.outputs.model_inputs``), and a tuple batch's
+    item 0. ``ctx.forward`` takes a mapping input as keyword arguments too in that case.
 
     Run eagerly, the update is ``tx.fused`` where the optimizer has one (torch's in-place arithmetic) on
     copies of the parameters and optimizer state; with ``donate=True`` on the state's own tensors, which the
@@ -247,7 +256,10 @@ def make_train_step(
     scaler = loss_scale if loss_scale is not None else (DynamicLossScale() if static.precision == "fp16-mixed" else None)
     slots = ModuleSlots(static.module) if grad_mode == "autograd" else None
     key_names = forward_key_names(static.module)
-    forward_with = functools.partial(_forward, static, slots)
+    forward_with = functools.partial(_forward, static, slots, input_key is None)
+    model_input = functools.partial(
+        model_inputs, input_key=input_key, accepted=keyword_names(static.module) if input_key is None else None
+    )
     update = functools.partial(_optimize, tx, donate=donate, frozen=frozen)
     microbatched = microbatch_size is not None or reduce is not None
     if grad_mode == "autograd" and not plan.hooks and not microbatched and not norms:
@@ -256,7 +268,7 @@ def make_train_step(
             loss_fn,
             update,
             precision=functools.partial(precision_context, static),
-            input_key=input_key,
+            model_input=model_input,
             frozen=frozen,
             key_names=key_names,
             scaler=scaler,
@@ -267,7 +279,7 @@ def make_train_step(
     ) -> tuple[Tensor, tuple[State, StepCtx]]:
         state, ctx = run_event(Event.BEFORE_FORWARD, plan, state, ctx)
         keys = forward_keys(key_names, ctx.key) if key_names else None
-        outputs, buffers = forward_with(params, state.buffers, batch_get(ctx.batch, input_key), keys)
+        outputs, buffers = forward_with(params, state.buffers, model_input(ctx.batch), keys)
         state, ctx = state.replace(buffers=buffers), ctx.replace(outputs=outputs)
         state, ctx = run_event(Event.AFTER_FORWARD, plan, state, ctx)
         state, ctx = run_event(Event.BEFORE_LOSS, plan, state, ctx)
@@ -492,17 +504,21 @@ def _step_key(state: State, keyed: bool) -> Tensor:
 
 
 def _detach(outputs: Any) -> Any:
-    return outputs.detach() if isinstance(outputs, Tensor) else outputs
+    if isinstance(outputs, Tensor):
+        return outputs.detach()
+    return pytree.tree_map(lambda t: t.detach() if isinstance(t, Tensor) else t, outputs)
 
 
 def make_eval_step(
-    static: Static, plan: Plan, *, input_key: int | str = 0, predict: bool = False
+    static: Static, plan: Plan, *, input_key: int | str | None = 0, predict: bool = False
 ) -> Callable[[State, Any], Tensor]:
     """Returns the evaluation step ``(state, batch) -> outputs`` running EVAL_BEFORE/AFTER_FORWARD around it
     (with ``predict``, PREDICT_BEFORE/AFTER_FORWARD).
 
-    The module's train/eval mode is the caller's (the trainer puts it in eval mode first).
+    The module's train/eval mode is the caller's (the trainer puts it in eval mode first). The model is called
+    as in ``make_train_step`` (keyword arguments from a mapping batch with ``input_key=None``).
     """
+    accepted = keyword_names(static.module) if input_key is None else None
 
     keyed = bool(plan.hooks)
     before, after = (
@@ -514,10 +530,10 @@ def make_eval_step(
     def eval_step(state: State, batch: Any) -> Tensor:
         ctx = StepCtx(batch=batch, key=_step_key(state, keyed), loss_fn=_no_loss)
         state, ctx = run_event(before, plan, state, ctx)
+        inputs = model_inputs(ctx.batch, input_key, accepted)
+        args, kwargs = ((), dict(inputs)) if input_key is None and isinstance(inputs, Mapping) else ((inputs,), None)
         with torch.no_grad(), precision_context(static):
-            outputs = functional_call(
-                static.module, (dict(state.params), dict(state.buffers)), (batch_get(ctx.batch, input_key),)
-            )
+            outputs = functional_call(static.module, (dict(state.params), dict(state.buffers)), args, kwargs)
         state, ctx = run_event(after, plan, state, ctx.replace(outputs=outputs))
         result: Tensor = ctx.outputs
         return result

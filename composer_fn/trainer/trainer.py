@@ -54,8 +54,10 @@ from composer_fn.core.state import (
     State,
     Static,
     batch_get,
+    batch_input,
     batch_meta,
     batch_set,
+    batch_target,
     initial_state,
 )
 from composer_fn.core.time import Time, Timestamp, TimeUnit, to_steps
@@ -90,14 +92,20 @@ from composer_fn.trainer.learning_rate import learning_rate
 from composer_fn.trainer.loss_scale import DynamicLossScale
 from composer_fn.trainer.microbatch import failed_contribution, norm_statistics
 from composer_fn.trainer.model import evaluation_state, module_with
+from composer_fn.trainer.outputs import (
+    causal_shift,
+    default_loss,
+    default_per_sample_loss,
+    is_causal_lm,
+    keyword_names,
+    logits_of,
+)
 from composer_fn.trainer.step import (
     GRAD_MODES,
     GradMode,
     StepFn,
     check_class_targets,
     compile_step,
-    cross_entropy_loss,
-    cross_entropy_per_sample_loss,
     make_eval_step,
     make_train_step,
 )
@@ -131,8 +139,10 @@ class Trainer:
     """Trains ``model`` with ``algorithms`` composed over a functional step.
 
     Args:
-        model: any ``nn.Module`` called as ``model(batch[input_key])``; the trainer works on a copy and
-            leaves it untouched.
+        model: any ``nn.Module``, called as ``model(batch[input_key])``, or with a mapping batch's items as
+            keyword arguments (a Hugging Face ``transformers`` model, see ``input_key``); the trainer works on a
+            copy and leaves it untouched. An output that holds a ``loss`` (a ``transformers`` ``ModelOutput``) is
+            the default loss, and its ``logits`` are what evaluation and per-sample losses read.
         train_dataloader: an iterable of batches with ``__len__`` (tuples, lists or dicts of tensors). A loader
             with ``set_epoch(epoch)`` (``composer_fn.data.TensorLoader``, ``DistributedSampler``-backed loaders)
             is told each epoch; with ``iter_from(epoch, batch)`` a resumed run starts mid-epoch without
@@ -179,13 +189,18 @@ class Trainer:
             ``load_path`` or fresh: rerunning an interrupted job continues it.
         device: where the run trains (``'cpu'``, ``'cuda'``, ``'cuda:1'`` or a ``torch.device``); None takes the
             first GPU when there is one (under torchrun, the ``LOCAL_RANK``-th), else the CPU.
-        loss_fn: ``loss_fn(outputs, batch)`` (any callable of two positional arguments); default cross-entropy
-            against ``batch[target_key]``.
+        loss_fn: ``loss_fn(outputs, batch)`` (any callable of two positional arguments); default: the model's own
+            loss where its output holds one, else cross-entropy against the targets (``target_key``).
         per_sample_loss_fn: ``fn(outputs, batch) -> [B]`` for algorithms that need per-sample losses; default
-            per-sample cross-entropy with the default loss, else ``loss_fn`` vectorized over samples (vmap).
+            with the default loss: each sample's cross-entropy of the logits, averaged over its labelled positions
+            (``-100`` ignored; a causal language model's logits at ``t`` against the labels at ``t + 1``); with a
+            given ``loss_fn``, that vectorized over samples (vmap).
         input_key: where a batch holds the model's input: an index into a tuple or list batch, or a key of a
-            dict batch (default 0).
-        target_key: where a batch holds the targets the default loss reads, as ``input_key`` (default 1).
+            dict batch. None (the default): a mapping batch goes to the model whole, as keyword arguments (those
+            its ``forward`` names, as Composer's ``HuggingFaceModel`` passes them: ``attention_mask`` and
+            ``labels`` reach it), and a tuple or list batch gives its item 0.
+        target_key: where a batch holds the targets the default loss and evaluation read, as ``input_key``;
+            None (the default): a mapping batch's ``'labels'``, a tuple or list batch's item 1.
         eval_interval: how often to evaluate (default ``'1ep'``); needs ``eval_dataloader``. Before the first step,
             each evaluator's first batch goes through the model and its metrics once (nothing of the run changes),
             so that outputs its metrics cannot take, or labels the model has no class for, are refused up front.
@@ -241,8 +256,8 @@ class Trainer:
         device: str | torch.device | None = None,
         loss_fn: LossFn | None = None,
         per_sample_loss_fn: LossFn | None = None,
-        input_key: int | str = 0,
-        target_key: int | str = 1,
+        input_key: int | str | None = None,
+        target_key: int | str | None = None,
         eval_interval: str | int | Time | None = None,
         log_interval: str | int | Time = "50ba",
         progress_bar: bool = True,
@@ -354,14 +369,15 @@ class Trainer:
                 f"max_duration={max_duration!r} scaled by scale_schedule_ratio={scale_schedule_ratio!r} leaves "
                 f"{self.max_steps} steps (steps_per_epoch={self.steps_per_epoch}); expected at least one"
             )
-        self.input_key = validate.batch_key("input_key", input_key)
-        self.target_key = validate.batch_key("target_key", target_key)
+        self.input_key = None if input_key is None else validate.batch_key("input_key", input_key)
+        self.target_key = None if target_key is None else validate.batch_key("target_key", target_key)
+        self._causal = is_causal_lm(model)
         check_loss_signature("loss_fn", loss_fn)
         check_loss_signature("per_sample_loss_fn", per_sample_loss_fn)
         self._default_loss = loss_fn is None
-        self.loss_fn = _scalar_loss(loss_fn) if loss_fn is not None else cross_entropy_loss(target_key)
+        self.loss_fn = _scalar_loss(loss_fn) if loss_fn is not None else default_loss(self.target_key)
         if per_sample_loss_fn is None and loss_fn is None:
-            per_sample_loss_fn = cross_entropy_per_sample_loss(target_key)
+            per_sample_loss_fn = default_per_sample_loss(self.target_key, self._causal)
         self.per_sample_loss_fn = per_sample_loss_fn
         self.compile = "inductor" if compile is True else (compile or None)
         if self.compile is not None:
@@ -569,7 +585,7 @@ class Trainer:
     def _check_input_range(self, batch: Any) -> None:
         # Once, on the first batch: an augmentation written for pixels in [0, 1] would silently mangle
         # standardised inputs (a traced step cannot read values to check them).
-        input = batch_get(batch, self.input_key)
+        input = batch_input(batch, self.input_key)
         if not self._input_ranges or not isinstance(input, Tensor) or not input.is_floating_point() or not input.numel():
             return
         low, high = float(input.min()), float(input.max())
@@ -584,25 +600,64 @@ class Trainer:
     def _check_targets(self, batch: Any) -> None:
         # Once, on the first batch, with the default loss: a class index the model has no output for fails deep
         # inside cross-entropy (on a GPU, as a device-side assertion). One sample's evaluation forward, by the
-        # evaluation step without hooks and uncompiled, gives the class count.
+        # evaluation step without hooks and uncompiled, gives the class count. Where the model computes its own
+        # loss, the targets it checks are the labels it is given.
         if not self._default_loss:
             return
-        target = _item(batch, self.target_key, "target_key", "train_dataloader's first batch")
-        if not isinstance(target, Tensor) or target.is_floating_point():
-            return
-        first = pytree.tree_map(
-            lambda t: t[:1] if isinstance(t, Tensor) and t.dim() else t, batch_get(batch, self.input_key)
-        )
+        where = "train_dataloader's first batch"
+        accepted = keyword_names(self.static.module)
+        # The model computes its own loss from the labels it is given: the check's forward goes without them (it
+        # would fail inside that loss), and the labels are checked against its logits.
+        own_loss = self._keywords(batch) and "labels" in batch and (accepted is None or "labels" in accepted)
+        if self._keywords(batch):
+            first = pytree.tree_map(_first_sample, {k: v for k, v in batch.items() if k != "labels"})
+        else:
+            key = self.input_key if self.input_key is not None else 0
+            _item(batch, self.target_key, "target_key", where)
+            first = batch_set(batch, key, pytree.tree_map(_first_sample, batch_get(batch, key)))
         step = make_eval_step(self.static, make_plan((), timestamp=self.timestamp), input_key=self.input_key)
         module = self.static.module
         training = module.training
         try:
             module.eval()
-            outputs = self._forward(step, batch_set(batch, self.input_key, first), "train_dataloader's first batch")
+            outputs = self._forward(step, first, where)
         finally:
             module.train(training)
-        if isinstance(outputs, Tensor):
-            check_class_targets(outputs, target, self.target_key, "train_dataloader's first batch")
+        if own_loss:
+            target, key = batch["labels"], "labels"
+        else:
+            target = _item(batch, self.target_key, "target_key", where, outputs)
+            key = self._target_name(batch)
+        logits = logits_of(outputs)
+        if isinstance(target, Tensor) and not target.is_floating_point() and isinstance(logits, Tensor):
+            logits, target = causal_shift(logits, target, self._causal)
+            check_class_targets(logits, target, key, where)
+
+    def _target_name(self, batch: Any) -> int | str:
+        # Where ``batch`` holds its targets (target_key, or the default item for this kind of batch).
+        if self.target_key is not None:
+            return self.target_key
+        return "labels" if isinstance(batch, Mapping) else 1
+
+    def _keywords(self, batch: Any) -> bool:
+        # Whether the model takes ``batch`` as keyword arguments.
+        return self.input_key is None and isinstance(batch, Mapping)
+
+    def _check_keywords(self, batch: Any, where: str) -> None:
+        # A mapping batch given as keyword arguments must give the model's forward an input (labels alone are none).
+        if not self._keywords(batch):
+            return
+        accepted = keyword_names(self.static.module)
+        if accepted is None or (accepted & set(batch)) - {"labels"}:
+            return
+        some = next((k for k in batch if isinstance(batch[k], Tensor)), None)
+        raise ValueError(
+            f"input_key=None: {where} is a mapping with keys {list(batch)}, given to the model as "
+            f"keyword arguments, but {type(self.static.module).__name__}.forward takes no input among them (it takes "
+            f"{sorted(accepted)}): rename the batch's keys, or pass input_key"
+            + (f"={some!r}" if some is not None else "")
+            + " to call the model with one item"
+        )
 
     def _forward(self, step: Callable[[State, Any], Any], batch: Any, where: str) -> Any:
         # The model's outputs on a batch taken to check the run's set-up; a model that cannot take it is refused
@@ -612,7 +667,7 @@ class Trainer:
         except (RuntimeError, ValueError, TypeError, IndexError) as error:
             if distributed.is_out_of_memory(error):
                 raise
-            inputs = batch_get(batch, self.input_key)
+            inputs = batch_input(batch, self.input_key)
             shape = f"inputs of {_described(inputs)}"
             expected = input_expectation(self.static.module, self._trained_input)
             raise ValueError(
@@ -651,6 +706,7 @@ class Trainer:
             )
         batch = self._to_device(raw)
         where = f"{argument}'s first batch"
+        self._check_keywords(batch, where)
         inputs = _item(batch, self.input_key, "input_key", where)
         target = _item(batch, self.target_key, "target_key", where)
         if not isinstance(target, Tensor):
@@ -658,10 +714,11 @@ class Trainer:
         if isinstance(inputs, Tensor) and inputs.dim() and not inputs.shape[0]:
             return  # a process's empty share of a short batch
         outputs = self._forward(step, batch, where)
-        measured = f"the model's outputs of {_described(outputs)} against targets of {_described(target)}"
+        logits, shifted = causal_shift(logits_of(outputs), target, self._causal)
+        measured = f"the model's outputs of {_described(logits)} against targets of {_described(shifted)}"
         if evaluator.metrics is None:
-            if self._default_loss and isinstance(outputs, Tensor):
-                check_class_targets(outputs, target, self.target_key, where)
+            if self._default_loss and isinstance(logits, Tensor):
+                check_class_targets(logits, shifted, self._target_name(batch), where)
             try:
                 evaluate(
                     lambda state, batch: outputs,
@@ -672,6 +729,7 @@ class Trainer:
                     input_key=self.input_key,
                     device=self.static.device,
                     on_event=lambda event: None,
+                    causal=self._causal,
                 )
             except (RuntimeError, ValueError, TypeError, IndexError, AttributeError) as error:
                 raise ValueError(
@@ -685,7 +743,7 @@ class Trainer:
             if hasattr(probe, "sync_on_compute"):
                 probe.sync_on_compute = False  # the probe is this process's alone
             try:
-                probe.to(outputs.device).update(outputs, target)
+                probe.to(logits.device).update(logits, shifted)
                 value = probe.compute()
             except Exception as error:  # noqa: BLE001 -- torchmetrics refuses unfit inputs with any kind of error
                 raise ValueError(
@@ -752,7 +810,7 @@ class Trainer:
     def _train_inputs(self) -> Iterator[Any]:
         # A separate pass over the loader as it stands (this epoch's order), for algorithms that require it.
         for batch in self.train_dataloader:
-            yield batch_get(self._to_device(batch), self.input_key)
+            yield batch_input(self._to_device(batch), self.input_key)
 
     def fit(self) -> dict[str, float]:
         """Returns the final metrics after training to ``max_duration`` (resuming where a checkpoint left off).
@@ -873,6 +931,7 @@ class Trainer:
                 "or mappings, read at input_key and target_key"
             )
         if self._unchecked:
+            self._check_keywords(raw, "train_dataloader's first batch")
             _item(raw, self.input_key, "input_key", "train_dataloader's first batch")
         meta = batch_meta(raw, self.input_key)
         self._meta = self._global_meta(meta) if self.world.size > 1 else meta
@@ -882,7 +941,7 @@ class Trainer:
             self._rank_batch = self._rank_batch or meta.batch_size
             self._check_input_range(self._batch)
             self._check_targets(self._batch)
-            given = batch_get(raw, self.input_key)
+            given = batch_input(raw, self.input_key)
             if isinstance(given, Tensor):
                 self._trained_input = (tuple(given.shape), given.dtype)
             self._unchecked = False
@@ -1089,7 +1148,13 @@ class Trainer:
         batches = map(self._to_device, itertools.islice(evaluator.dataloader, evaluator.subset_num_batches))
         if evaluator.metrics is not None:
             return measure(
-                step, self.state, batches, evaluator, target_key=self.target_key, on_event=self._host_event
+                step,
+                self.state,
+                batches,
+                evaluator,
+                target_key=self.target_key,
+                on_event=self._host_event,
+                causal=self._causal,
             )
         results = evaluate(
             step,
@@ -1100,6 +1165,7 @@ class Trainer:
             input_key=self.input_key,
             device=self.static.device,
             on_event=self._host_event,
+            causal=self._causal,
             reduce=distributed.all_reduce_sum if self.world.size > 1 else None,
             gather=self.world.gather if self.world.size > 1 else None,
         )
@@ -1148,7 +1214,7 @@ class Trainer:
                         f"or a tuple, list or mapping holding them at input_key={self.input_key!r}"
                     )
                 check_predict_input(
-                    batch_get(batch, self.input_key), index, self.input_key, self._trained_input, module
+                    batch_input(batch, self.input_key), index, self.input_key, self._trained_input, module
                 )
                 self._host_event(Event.PREDICT_BATCH_START)
                 result = self._forward(step, batch, f"predict's dataloader batch {index}")
@@ -1161,7 +1227,7 @@ class Trainer:
 
     def _holding(self, inputs: Tensor) -> Any:
         # A batch holding ``inputs`` alone at input_key.
-        key = self.input_key
+        key = self.input_key if self.input_key is not None else 0
         if isinstance(key, str):
             return {key: inputs}
         return (inputs,) if key in (0, -1) else (*([None] * key), inputs) if key > 0 else (inputs, *([None] * (-key - 1)))
@@ -1325,13 +1391,25 @@ def _scalar_loss(loss_fn: LossFn) -> LossFn:
     return checked
 
 
-def _item(batch: Any, key: int | str, argument: str, where: str) -> Any:
-    # The batch's item at ``key``; a key the batch lacks is refused naming the argument it came from.
+def _item(batch: Any, key: int | str | None, argument: str, where: str, outputs: Any = None) -> Any:
+    # The batch's item at ``key`` (None: the default item, see batch_input and batch_target); a key the batch lacks
+    # is refused naming the argument it came from. ``outputs``: the model's, said to hold no loss of its own.
     try:
-        return batch_get(batch, key)
+        return (batch_input if argument == "input_key" else batch_target)(batch, key)
     except KeyError:
         held = f"keys {list(batch)}" if isinstance(batch, Mapping) else f"{len(batch)} items" if isinstance(batch, tuple | list) else type(batch).__name__
-        raise ValueError(f"{argument}={key!r}: {where} has no item {key!r} (it holds {held})") from None
+        item = key if key is not None else ("labels" if isinstance(batch, Mapping) else 0 if argument == "input_key" else 1)
+        hint = (
+            f"; the model's output ({type(outputs).__name__}) holds no loss of its own, so the default loss reads the "
+            "targets there (a Hugging Face model computes its loss when the batch holds 'labels')"
+            if outputs is not None and not isinstance(outputs, Tensor)
+            else ""
+        )
+        raise ValueError(f"{argument}={key!r}: {where} has no item {item!r} (it holds {held}){hint}") from None
+
+
+def _first_sample(item: Any) -> Any:
+    return item[:1] if isinstance(item, Tensor) and item.dim() else item
 
 
 def _described(value: object) -> str:

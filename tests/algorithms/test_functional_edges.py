@@ -190,8 +190,9 @@ BAD_INPUTS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("scaled_sequence_length batch_size=0", lambda: F.scaled_sequence_length(0, 8, 0.5), ValueError,
      r"batch_size=0 must be an int >= 1"),
     # sequence length warmup
-    ("set_batch_sequence_length lengths", lambda: F.set_batch_sequence_length((TOKENS, TOKENS[:, :12]), 8),
-     ValueError, r"batch item 1 has shape \(4, 12\) and batch item 0 \(4, 16\): every sequence tensor must have"),
+    ("set_batch_sequence_length lengths",
+     lambda: F.set_batch_sequence_length((TOKENS, TOKENS[:, :12]), 8, truncate=False),
+     ValueError, r"batch item 1 has shape \(4, 12\): truncate=False re-cuts the rows of the tokens 0 \(4, 16\)"),
     ("set_batch_sequence_length rows", lambda: F.set_batch_sequence_length((TOKENS, TOKENS[:3]), 8), ValueError,
      r"batch item 1 has shape \(3, 16\) and batch item 0 \(4, 16\)"),
     ("set_batch_sequence_length truncate=1", lambda: F.set_batch_sequence_length((TOKENS,), 8, truncate=1),

@@ -56,11 +56,11 @@ def test_training_keeps_one_minus_p_of_the_features_and_scales_them(seed, p) -> 
 @settings(max_examples=10, deadline=None)
 def test_sample_i_of_b_uses_active_mask_i_times_tau_over_b(seed, batch, tau) -> None:
     layer = _layer(seed, tau=tau)
-    x = torch.ones(batch, 10, 3)
+    x = torch.ones(batch, 3, 10)
     masks = gyro_dropout_masks(layer.mask_key, 0, 10, 0.5, 8, tau, 3)
     output = layer(x)
     for sample in range(batch):
-        expected = masks[sample * tau // batch].float()[:, None].expand(10, 3) * 2
+        expected = masks[sample * tau // batch].float()[None, :].expand(3, 10) * 2
         assert torch.equal(output[sample], expected)
 
 

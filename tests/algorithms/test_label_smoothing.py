@@ -122,8 +122,12 @@ def test_causal_lm_targets_are_smoothed_over_the_vocabulary(seed, batch, length,
     expected = F.one_hot(tokens, vocab).float() * (1 - smoothing) + smoothing / vocab
     assert smoothed.shape == (batch, length, vocab)
     torch.testing.assert_close(smoothed, expected)
+    # Probability targets of the logits' shape would be read with classes along dim 1, so the loss is smoothed.
     algorithm = LabelSmoothing(smoothing=smoothing)
     ctx = StepCtx(batch=(tokens, tokens), key=R.key(seed), loss_fn=lambda o, b: o.sum(), outputs=logits)
     state = State.__new__(State)
     _, ctx = algorithm._smooth(state, ctx)
-    torch.testing.assert_close(ctx.batch[1], expected)
+    assert ctx.batch[1] is tokens
+    _, ctx = algorithm._restore(state, ctx.replace(loss=F.cross_entropy(logits.movedim(-1, 1), tokens)))
+    reference = F.cross_entropy(logits.movedim(-1, 1), tokens, label_smoothing=smoothing)
+    torch.testing.assert_close(ctx.loss, reference)

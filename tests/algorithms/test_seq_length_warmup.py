@@ -320,8 +320,8 @@ def test_reshaping_ignores_preserve_end_of_sequence() -> None:
 
 def test_malformed_batches_are_refused_with_what_was_expected() -> None:
     inputs, labels = _text_batch(8, 3, 10)
-    with pytest.raises(ValueError, match="sequence-shaped"):
-        set_batch_sequence_length((inputs, labels[:, 0]), 4)
+    with pytest.raises(ValueError, match=r"expected a sequence \[3, 10, \.\.\.\] \(cut with the tokens\)"):
+        set_batch_sequence_length((inputs, labels[:2, 0]), 4)
     with pytest.raises(ValueError, match="shape"):
         set_batch_sequence_length((inputs, labels[:, :6]), 4, truncate=False)
     with pytest.raises(ValueError, match="curr_seq_len=0"):

@@ -19,6 +19,7 @@ from composer_fn.core.passes import (
     set_filo_order,
     sort_placement_first,
     sort_placement_last,
+    sort_rewrites_after,
     sort_to_back,
     sort_to_front,
 )
@@ -152,7 +153,7 @@ def test_default_passes_put_first_placed_first_and_last_placed_last(
 
 
 def test_the_default_passes_are_composers_with_placement_applied_after_filo() -> None:
-    assert DEFAULT_PASSES == (set_filo_order, sort_placement_first, sort_placement_last)
+    assert DEFAULT_PASSES == (set_filo_order, sort_placement_first, sort_placement_last, sort_rewrites_after)
     assert DEFAULT_CHECKS == (check_multiple_loss_interpolation,)
 
 

@@ -23,7 +23,10 @@ def test_the_license_is_an_spdx_expression() -> None:
     assert project()["license"] == "Apache-2.0"
 
 
-def test_the_development_install_has_the_documentation_tools() -> None:
+def test_the_development_install_has_the_documentation_tools_and_the_models_users_bring() -> None:
     extras = project()["optional-dependencies"]
     assert any(requirement.startswith("mkdocstrings[python]") for requirement in extras["docs"])
-    assert "composer_fn[docs]" in extras["dev"]
+    assert any(requirement.startswith("transformers") for requirement in extras["hf"])
+    assert any(requirement.startswith("timm") for requirement in extras["timm"])
+    own = [r for r in extras["dev"] if r.startswith("composer_fn[")]
+    assert own and {"docs", "hf", "timm"} <= set(own[0][len("composer_fn[") : -1].split(","))

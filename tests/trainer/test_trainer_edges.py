@@ -196,7 +196,8 @@ def test_a_metric_class_instead_of_an_instance_is_refused() -> None:
         ({"target_key": "label"}, r"target_key='label': train_dataloader's first batch has no item 'label'"),
         (
             {"eval_dataloader": [{"x": ROWS[0][:4], "y": ROWS[1][:4]}]},
-            r"input_key=0: eval_dataloader's first batch has no item 0 \(it holds keys \['x', 'y'\]\)",
+            r"input_key=None: eval_dataloader's first batch is a mapping with keys \['x', 'y'\], given to the model as "
+            r"keyword arguments, but MLP.forward takes no input among them \(it takes \['input'\]\)",
         ),
     ],
 )
@@ -435,7 +436,7 @@ def test_a_runtime_estimator_that_skips_the_whole_run_warns() -> None:
 def test_an_algorithm_that_changes_nothing_is_named_in_no_effect() -> None:
     from composer_fn.algorithms import LowPrecisionLayerNorm, MixUp
 
-    with pytest.warns(UserWarning, match="LowPrecisionLayerNorm found no torch.nn.LayerNorm in MLP, so it changes nothing"):
+    with pytest.warns(UserWarning, match="LowPrecisionLayerNorm found no torch.nn.LayerNorm .*in MLP, so it changes nothing"):
         trainer = _trainer(algorithms=[LowPrecisionLayerNorm(), MixUp()])
     assert trainer.no_effect == ("low_precision_layernorm",)
     with pytest.warns(UserWarning, match=r"MixUp\(alpha=0\) changes nothing"):

@@ -1,0 +1,139 @@
+"""Models called with keyword arguments that return records, as Hugging Face ``transformers`` models are.
+
+A mapping batch read with ``input_key=None`` goes to the model whole, as keyword arguments (the items its
+``forward`` names, as Composer's ``HuggingFaceModel`` passes them). A model output that holds a ``loss`` (a
+``transformers`` ``ModelOutput``, or any mapping or object with that field) is the loss of the default
+``loss_fn``; its ``logits`` are what evaluation, metrics and per-sample losses read. Causal language models
+(class names ending in ``ForCausalLM`` or ``LMHeadModel``) predict the next token: their logits at position
+``t`` are compared with the labels at ``t + 1``, as their own loss does. Labels ``-100`` mark positions without
+a label. Nothing here imports ``transformers``: models and outputs are recognised by what they hold.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from composer_fn.core.state import LossFn, batch_get, batch_target
+
+__all__ = [
+    "IGNORE_INDEX",
+    "causal_shift",
+    "default_loss",
+    "default_per_sample_loss",
+    "is_causal_lm",
+    "keyword_names",
+    "logits_of",
+    "model_inputs",
+    "model_loss",
+]
+
+IGNORE_INDEX = -100
+"""The label of a position that has none (padding, unmasked tokens), as cross-entropy and every collator use."""
+
+_CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+
+
+def keyword_names(module: nn.Module) -> frozenset[str] | None:
+    """Returns the names of the keyword arguments ``module.forward`` declares; None when it declares none by name
+    (a ``forward(**kwargs)``), so that every item of a batch is passed."""
+    try:
+        parameters = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    names = frozenset(p.name for p in parameters if p.kind in kinds)
+    return names or None
+
+
+def model_inputs(batch: Any, input_key: int | str | None, accepted: frozenset[str] | None) -> Any:
+    """Returns what the model is called with: ``batch[input_key]``; with ``input_key=None``, a mapping batch's
+    items that ``accepted`` names (all when None), as keyword arguments, with ``use_cache=False`` where the model
+    takes ``use_cache`` and the batch does not say, or a tuple/list batch's item 0."""
+    if input_key is not None:
+        return batch_get(batch, input_key)
+    if isinstance(batch, Mapping):
+        given = {k: v for k, v in batch.items() if accepted is None or k in accepted}
+        if accepted is not None and "use_cache" in accepted and "use_cache" not in given:
+            # A forward that trains or evaluates never reuses its key-value cache; returned, the cache is an
+            # output that is not a tensor (which torch.func refuses) and holds memory for nothing.
+            given["use_cache"] = False
+        return given
+    return batch_get(batch, 0)
+
+
+def model_loss(outputs: Any) -> Tensor | None:
+    """Returns the loss a model computed itself (``outputs.loss`` or ``outputs['loss']``); None when it has none."""
+    if isinstance(outputs, Tensor):
+        return None
+    if isinstance(outputs, Mapping):
+        loss = outputs.get("loss")
+    else:
+        loss = getattr(outputs, "loss", None)
+    return loss if isinstance(loss, Tensor) else None
+
+
+def logits_of(outputs: Any) -> Any:
+    """Returns the logits of a model output record (``outputs.logits`` or ``outputs['logits']``); ``outputs``
+    itself when it holds none (a model that returns its logits as a tensor)."""
+    if isinstance(outputs, Tensor):
+        return outputs
+    logits = outputs.get("logits") if isinstance(outputs, Mapping) else getattr(outputs, "logits", None)
+    return logits if isinstance(logits, Tensor) else outputs
+
+
+def is_causal_lm(module: nn.Module) -> bool:
+    """Returns whether ``module`` is a causal language model whose labels are its own inputs (a ``transformers``
+    ``*ForCausalLM`` or ``*LMHeadModel``): its logits at position ``t`` predict the label at ``t + 1``."""
+    return type(module).__name__.endswith(_CAUSAL_SUFFIXES)
+
+
+def causal_shift(logits: Tensor, labels: Tensor, causal: bool) -> tuple[Tensor, Tensor]:
+    """Returns ``(logits, labels)`` paired position by position: for a causal model, the logits of positions
+    ``0..S-2`` with the labels of ``1..S-1``; otherwise both unchanged."""
+    if causal and logits.dim() == 3 and labels.dim() == 2:
+        return logits[:, :-1], labels[:, 1:]
+    return logits, labels
+
+
+def default_loss(target_key: int | str | None) -> LossFn:
+    """Returns the trainer's default ``loss_fn(outputs, batch)``: the model's own loss where its output holds
+    one, else the cross-entropy of its logits against the batch's targets (``target_key``; None: a mapping's
+    ``'labels'``, a tuple's item 1), class-last logits (``[B, S, V]`` against ``[B, S]``) read as such."""
+
+    def loss_fn(outputs: Any, batch: Any) -> Tensor:
+        own = model_loss(outputs)
+        if own is not None:
+            return own
+        logits = logits_of(outputs)
+        target = batch_target(batch, target_key)
+        if logits.dim() > 2 and logits.dim() == target.dim() + 1 and logits.shape[:-1] == target.shape:
+            logits = logits.movedim(-1, 1)
+        return F.cross_entropy(logits, target)
+
+    return loss_fn
+
+
+def default_per_sample_loss(target_key: int | str | None, causal: bool) -> LossFn:
+    """Returns ``fn(outputs, batch) -> [B]``: each sample's cross-entropy of the logits against the targets,
+    averaged over its labelled positions (``-100`` ignored; 0 for a sample without any), after the causal shift
+    where ``causal``. It agrees with the model's own loss for a batch of one sample."""
+
+    def losses(outputs: Any, batch: Any) -> Tensor:
+        logits, target = causal_shift(logits_of(outputs), batch_target(batch, target_key), causal)
+        if logits.dim() > 2 and logits.dim() == target.dim() + 1 and logits.shape[:-1] == target.shape:
+            logits = logits.movedim(-1, 1)
+        each = F.cross_entropy(logits.float(), target, ignore_index=IGNORE_INDEX, reduction="none")
+        if each.dim() == 1:
+            return each
+        if target.is_floating_point():
+            return each.flatten(1).mean(1)
+        labelled = (target != IGNORE_INDEX).flatten(1)
+        counts = labelled.sum(1).clamp(min=1)
+        return each.flatten(1).sum(1) / counts
+
+    return losses
