@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -136,10 +137,28 @@ class EarlyStopper(Algorithm):
         return torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(stops=self._stops, watches=self.dataloader_label, checks_logged=self._checks_logged)
+        return Capabilities(
+            stops=self._stops,
+            watches=self.dataloader_label,
+            checks_logged=self._checks_logged,
+            checks_length=self._checks_length,
+        )
 
     def _checks_logged(self, logged: Mapping[str, tuple[float, float]]) -> None:
         _range("EarlyStopper", self.monitor, self.dataloader_label, logged)
+
+    def _checks_length(self, max_steps: int, steps_per_epoch: int) -> None:
+        span, unit = _patience(self.patience)
+        if unit is None:
+            return
+        steps = span * (steps_per_epoch if unit is TimeUnit.EPOCH else 1)
+        if steps >= max_steps:
+            warnings.warn(
+                f"EarlyStopper(patience={self.patience!r}) waits at least {steps} batches, and the whole run is "
+                f"{max_steps}: it can never stop this run",
+                UserWarning,
+                stacklevel=3,  # the user's Trainer(...) call
+            )
 
     def _stops(self, entry: Any, metrics: Mapping[str, float], where: str, timestamp: Timestamp) -> tuple[Any, bool]:
         if where != self.dataloader_label:

@@ -97,6 +97,9 @@ class Capabilities:
     """With ``stops``: ``checks_logged(logged)`` is called when the trainer is built, with the names of the metrics
     the run logs where the rule reads (``watches``; ``fnmatch`` patterns allowed), each with the range its values
     can take; it raises ValueError when the rule's metric is not among them or no value in its range can stop."""
+    checks_length: Callable[[int, int], None] | None = None
+    """With ``stops``: ``checks_length(max_steps, steps_per_epoch)`` is called when the trainer is built, with the
+    run's length in steps; it warns when the rule can never end a run that long."""
 
 
 _NONE = Capabilities()

@@ -445,17 +445,8 @@ class Trainer:
             capabilities = algorithm.capabilities()
             if capabilities.checks_logged is not None and capabilities.watches in logged:
                 capabilities.checks_logged(logged[capabilities.watches])
-            patience = getattr(algorithm, "patience", None)
-            if capabilities.stops is not None and isinstance(patience, str):
-                span = Time.from_timestring(patience)
-                steps = span.value * (self.steps_per_epoch if span.unit is TimeUnit.EPOCH else 1)
-                if steps >= self.max_steps:
-                    warnings.warn(
-                        f"{type(algorithm).__name__}(patience={patience!r}) waits at least {steps} batches, and the "
-                        f"whole run is {self.max_steps}: it can never stop this run",
-                        UserWarning,
-                        stacklevel=2,
-                    )
+            if capabilities.checks_length is not None:
+                capabilities.checks_length(self.max_steps, self.steps_per_epoch)
         self._observed = frozenset(self._handlers) | {e for a in self.algorithms for e in a.host_hooks()}
         self._bar: Any = None
         self._window: tuple[float, int] = (0.0, 0)

@@ -238,8 +238,9 @@ def test_a_patience_as_long_as_the_run_warns_that_it_never_stops() -> None:
             algorithms=[EarlyStopper("loss", patience=patience)], progress_bar=False,
         )
 
-    with pytest.warns(UserWarning, match=r"EarlyStopper\(patience='2ep'\) waits at least 4 batches, and the whole run is 4"):
+    with pytest.warns(UserWarning, match=r"EarlyStopper\(patience='2ep'\) waits at least 4 batches, and the whole run is 4") as caught:
         build("2ep")
+    assert [w.filename for w in caught if "never stop" in str(w.message)] == [__file__]  # the user's own line
     with _warnings.catch_warnings():
         _warnings.simplefilter("error")
         build("3ba")
