@@ -50,8 +50,12 @@ def test_the_output_keeps_composers_counts_of_rows_and_columns_in_order(
     assert torch.equal(out, x[:, :, rows][:, :, :, cols])
 
 
-@given(seeds, sides, sides, fractions, fractions)
-def test_fractions_that_keep_no_row_or_column_are_refused(seed, height, width, p_row, p_col):
+@given(seeds, sides, sides, fractions, st.booleans(), st.data())
+def test_fractions_that_keep_no_row_or_column_are_refused(seed, height, width, other, on_rows, data):
+    # Drawn where a side keeps nothing (a fraction above 1 - 1/side), so that few draws are thrown away.
+    side = height if on_rows else width
+    empty = data.draw(st.floats(1 - 1 / side, 1.0, exclude_min=True, exclude_max=True))
+    p_row, p_col = (empty, other) if on_rows else (other, empty)
     assume(int((1 - p_row) * height) < 1 or int((1 - p_col) * width) < 1)
     with pytest.raises(ValueError, match=r"p_(row|col)=.* keeps int\(\(1 - p_(row|col)\) \* (height|width)\) = 0"):
         colout_params(R.key(seed), height, width, p_row=p_row, p_col=p_col)
