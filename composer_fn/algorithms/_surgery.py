@@ -271,6 +271,14 @@ SURGERY_LAYERS: Mapping[str, LayerKinds] = {
     "low_precision_layernorm": LayerKinds(
         (nn.LayerNorm,), ("timm.layers.norm.LayerNorm", "timm.layers.norm.LayerNorm2d")
     ),
+    "low_precision_layernorm/rms": LayerKinds(
+        (nn.RMSNorm,),
+        (
+            "transformers.models.llama.modeling_llama.LlamaRMSNorm",
+            "transformers.models.mistral.modeling_mistral.MistralRMSNorm",
+            "transformers.models.qwen2.modeling_qwen2.Qwen2RMSNorm",
+        ),
+    ),
     "low_precision_groupnorm": LayerKinds(
         (nn.GroupNorm,), ("timm.layers.norm.GroupNorm", "timm.layers.norm.GroupNorm1")
     ),
@@ -283,8 +291,9 @@ SURGERY_LAYERS: Mapping[str, LayerKinds] = {
 
 Third-party entries are classes whose computation the surgery's replacement reproduces: timm's
 ``BatchNormAct2d`` (BatchNorm, then its dropout and activation, which the ghost layer keeps), ``LayerNorm``,
-``LayerNorm2d`` (channels first), ``GroupNorm`` and ``GroupNorm1``, and the residual blocks of timm's and
-torchvision's ResNets.
+``LayerNorm2d`` (channels first), ``GroupNorm`` and ``GroupNorm1``, the residual blocks of timm's and
+torchvision's ResNets, and the RMS norms of Hugging Face's Llama, Mistral and Qwen2 (which normalise in float32
+and scale the result cast back to the input's dtype).
 """
 
 

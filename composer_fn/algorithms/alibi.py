@@ -31,12 +31,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from composer_fn.algorithms import _transformers as hf
 from composer_fn.algorithms._surgery import Surgery, replace_modules, warn_nothing_to_replace
 from composer_fn.algorithms.seq_length_warmup import set_batch_sequence_length
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Hook, register
 from composer_fn.core.event import Event
-from composer_fn.core.state import BatchMeta, State, StepCtx
+from composer_fn.core.state import BatchMeta, State, Static, StepCtx
 from composer_fn.core.time import Timestamp
 from composer_fn.nn import protocol_attribute, protocol_blocks
 
@@ -99,6 +100,8 @@ class AlibiBias(nn.Module):
 
 
 def _alibi_targets(model: nn.Module) -> frozenset[str]:
+    if hf.is_transformers_model(model):
+        return _transformers_targets(model)
     if isinstance(model, nn.Module) and not hasattr(model, "blocks"):
         return frozenset()
     blocks = protocol_blocks(model)
@@ -120,17 +123,99 @@ def _alibi_targets(model: nn.Module) -> frozenset[str]:
     return frozenset(names)
 
 
+def _layout(model: nn.Module) -> hf.AlibiLayout:
+    kind = hf.model_type(model)
+    if kind not in hf.ALIBI_LAYOUTS:
+        raise ValueError(
+            f"ALiBi rewrites the Hugging Face models of type {', '.join(sorted(hf.ALIBI_LAYOUTS))}; "
+            f"{type(model).__name__} has config.model_type={kind!r}, whose positions and attention it does not know"
+        )
+    layout = hf.ALIBI_LAYOUTS[kind]
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if kind == "gpt2" and getattr(model.config, "reorder_and_upcast_attn", False) and implementation == "eager":
+        raise ValueError(
+            "GPT-2 with config.reorder_and_upcast_attn=True computes its eager attention in a path of its own, which "
+            "takes no bias; ALiBi needs reorder_and_upcast_attn=False or attn_implementation='sdpa'"
+        )
+    hf.alibi_attention_name(implementation)  # refuses attention that takes no bias
+    return layout
+
+
+def _transformers_targets(model: nn.Module) -> frozenset[str]:
+    # The position layers to remove and, for each attention module without a bias, the "alibi" slot it gains.
+    layout = _layout(model)
+    names = set()
+    for name, module in model.named_modules():
+        if hf.class_named(module, (layout.positions,)):
+            if layout.position_attribute is None:
+                names.add(name)
+            elif isinstance(module._modules.get(layout.position_attribute), nn.Embedding):
+                names.add(f"{name}.{layout.position_attribute}".lstrip("."))
+        elif hf.class_named(module, layout.attention) and "alibi" not in module._modules:
+            names.add(f"{name}.alibi")
+    return frozenset(names)
+
+
+def _has_alibi(model: nn.Module) -> bool:
+    return any(isinstance(m, AlibiBias) for m in model.modules())
+
+
+def _apply_alibi_transformers(model: Any, max_sequence_length: int, selected: frozenset[str] | None = None) -> Any:
+    layout = _layout(model)
+    targets = _transformers_targets(model) if selected is None else selected
+    if not targets and not _has_alibi(model):
+        warn_nothing_to_replace("Alibi", f"attention of {', '.join(layout.attention)}", model, stacklevel=4)
+    replacements: dict[str, nn.Module] = {}
+    for name in targets - {t for t in targets if t.endswith(".alibi")}:
+        old: Any = model.get_submodule(name)
+        if isinstance(old, nn.Embedding):
+            replacements[name] = hf.ZeroPositions(
+                old.embedding_dim, dtype=old.weight.dtype, device=old.weight.device
+            )
+        else:
+            replacements[name] = hf.NoRotation(2 * int(old.inv_freq.numel()))
+    rewritten = replace_modules(model, replacements)
+    heads = int(model.config.num_attention_heads)
+    for name in sorted(t for t in targets if t.endswith(".alibi")):
+        attention: nn.Module = rewritten.get_submodule(name.rpartition(".")[0])
+        device = next(attention.parameters(), torch.empty(0)).device
+        attention.add_module("alibi", AlibiBias(heads, device=device))
+    # The index buffers that cap the length grow to max_sequence_length, so that longer sequences are accepted.
+    for module in rewritten.modules():
+        if hf.class_named(module, (layout.positions,)):
+            for buffer_name in layout.length_buffers:
+                buffer = module._buffers.get(buffer_name)
+                if buffer is not None and buffer.shape[-1] < max_sequence_length:
+                    persistent = buffer_name not in module._non_persistent_buffers_set
+                    longer = (
+                        torch.arange(max_sequence_length, device=buffer.device)
+                        if buffer_name == "position_ids"
+                        else torch.zeros(max_sequence_length, dtype=buffer.dtype, device=buffer.device)
+                    )
+                    module.register_buffer(buffer_name, longer.expand(1, -1), persistent=persistent)
+    configs: dict[int, Any] = {id(m.config): m.config for m in rewritten.modules() if hasattr(m, "config")}
+    for config in configs.values():
+        config._attn_implementation = hf.alibi_attention_name(config._attn_implementation)
+        if hasattr(config, "max_position_embeddings"):
+            config.max_position_embeddings = max(config.max_position_embeddings, max_sequence_length)
+    return rewritten
+
+
 def apply_alibi(model: nn.Module, max_sequence_length: int) -> nn.Module:
     """Returns a copy of ``model`` with ALiBi attention biases and no position embedding; ``model`` is untouched.
 
-    ``model`` follows the transformer protocol (``composer_fn.nn.blocks``): a model without ``blocks`` comes
-    back as an unchanged copy with a warning, as from every surgery that finds nothing to replace; blocks
-    that break the protocol raise a TypeError naming the missing attribute. The copy accepts sequences up to ``max_sequence_length``
-    (its ``max_seq_len``). Applying it to a model that already has ALiBi only sets that length. No parameter
+    ``model`` follows the transformer protocol (``composer_fn.nn.blocks``), or is a Hugging Face BERT, GPT-2 or
+    Llama (``ALIBI_LAYOUTS`` in ``composer_fn.algorithms._transformers``: their position embeddings, or rotary
+    embedding, removed, and their ``sdpa`` or ``eager`` attention given the bias; other model types are refused).
+    A model without ``blocks`` comes back as an unchanged copy with a warning, as from every surgery that finds
+    nothing to replace; blocks that break the protocol raise a TypeError naming the missing attribute. The copy
+    accepts sequences up to ``max_sequence_length`` (its ``max_seq_len``, or ``config.max_position_embeddings``). Applying it to a model that already has ALiBi only sets that length. No parameter
     is drawn, so no key is needed. Composer's ``apply_alibi`` leaves batches alone too: the shorter training
     rows are ``scale_batch_sequence_length`` (the ``Alibi`` algorithm does both).
     """
     max_sequence_length = validate.integer("max_sequence_length", max_sequence_length, minimum=1)
+    if hf.is_transformers_model(model):
+        return _apply_alibi_transformers(model, max_sequence_length)
     if isinstance(model, nn.Module) and not hasattr(model, "blocks"):
         warn_nothing_to_replace(
             "Alibi", "transformer blocks (model.blocks, see composer_fn.nn.blocks)", model
@@ -262,6 +347,24 @@ class Alibi(Surgery):
 
     def rewrite(self, module: nn.Module, key: Tensor) -> nn.Module:
         return apply_alibi(module, self.max_sequence_length)
+
+    def _restricted_rewrite(self, module: nn.Module, key: Tensor, timestamp: Timestamp) -> nn.Module:
+        if hf.is_transformers_model(module):
+            return _apply_alibi_transformers(module, self.max_sequence_length, self.surgery_targets(module))
+        return super()._restricted_rewrite(module, key, timestamp)
+
+    def _operate(
+        self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
+    ) -> tuple[Static, State]:
+        # The shorter rows only make sense for a model with ALiBi: a model it cannot rewrite is refused.
+        if not self.surgery_targets(static.module) and not _has_alibi(static.module):
+            raise ValueError(
+                f"Alibi found no attention to give a bias to in {type(static.module).__name__} (it rewrites models "
+                "following composer_fn.nn.blocks and Hugging Face models of type "
+                f"{', '.join(sorted(hf.ALIBI_LAYOUTS))}); without it, its shorter training rows would only change the "
+                "batches. Remove Alibi from this run, or widen its target_modules"
+            )
+        return super()._operate(static, state, timestamp, meta)
 
     def plan_key(self, timestamp: Timestamp, meta: BatchMeta | None = None) -> Hashable:
         if meta is None or len(meta.input_shape) != 2:

@@ -6,6 +6,14 @@ Surgery at INIT: every ``blocks[i].feed_forward`` (``down(act(up(x)))``, see the
 new layers are new parameters drawn from the surgery's key (PyTorch's default initialisation, keyed), as
 Composer builds fresh layers; the old feed-forward's weights are dropped.
 
+Hugging Face models: BERT's ``BertIntermediate`` (``act(dense(x))``) becomes a ``GatedIntermediate``
+(``act(gate(x)) * up(x)``) and GPT-2's ``GPT2MLP`` a ``GatedMLP`` (``dropout(c_proj(act(gate(x)) * up(x)))``).
+``gate`` and ``up`` are new, drawn from the key; what follows them in the block (BERT's ``output.dense``,
+dropout and LayerNorm, GPT-2's ``c_proj`` and dropout) keeps its weights, so a pretrained model keeps every
+layer the gating does not replace. Composer's BERT surgery builds the whole feed-forward anew, its output
+projection and LayerNorm included. Llama's ``LlamaMLP`` is gated already: the surgery warns that it changes
+nothing.
+
 Parameter count of one block's feed-forward, with ``g`` and ``u`` 1 when ``gated_layer_bias`` and
 ``non_gated_layer_bias`` are set and 0 otherwise::
 
@@ -22,10 +30,12 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from composer_fn.algorithms import _transformers as hf
 from composer_fn.algorithms._surgery import Surgery, replace_modules, warn_nothing_to_replace
 from composer_fn.core import random as R
 from composer_fn.core import validate
@@ -128,6 +138,11 @@ def _check_act_fn(act_fn: object) -> None:
 
 def _glu_targets(model: nn.Module) -> dict[str, nn.Module]:
     found: dict[str, nn.Module] = {}
+    if hf.is_transformers_model(model):
+        for name, module in model.named_modules():
+            if hf.class_named(module, tuple(hf.GLU_LAYERS)):
+                found[name] = module
+        return found
     if isinstance(model, nn.Module) and not hasattr(model, "blocks"):
         return found
     for name, block in protocol_blocks(model):
@@ -144,6 +159,55 @@ def _input_layer(feed_forward: nn.Module, where: str) -> nn.Linear:
             f"{where}.up is a {type(up).__name__}: expected the nn.Linear(d_model, d_ff) of the protocol"
         )
     return up
+
+
+def _keyed_linear(d_in: int, d_out: int, bias: bool, reference: Tensor, key: Tensor) -> nn.Linear:
+    # Built on the meta device, the layer draws nothing from PyTorch's generator; the key fills it.
+    with torch.device("meta"):
+        layer = nn.Linear(d_in, d_out, bias=bias)
+    layer = layer.to_empty(device=reference.device).to(dtype=reference.dtype)
+    values = init_parameters(layer, key)
+    with torch.no_grad():
+        for parameter_name, parameter in layer.named_parameters():
+            parameter.copy_(values[parameter_name])
+    return layer
+
+
+def _gated_transformers(
+    model: Any,
+    act_fn: str | nn.Module | Callable[[Tensor], Tensor] | None,
+    gated_layer_bias: bool,
+    non_gated_layer_bias: bool,
+    key: Tensor,
+) -> nn.Module:
+    targets = _glu_targets(model)
+    if not targets and not any(isinstance(m, hf.GatedIntermediate) for m in model.modules()):
+        gated = [name for name, m in model.named_modules() if hf.class_named(m, hf.GATED_ALREADY)]
+        reason = f" ({type(model.get_submodule(gated[0])).__name__} is gated already)" if gated else ""
+        warn_nothing_to_replace(
+            "GatedLinearUnits", " or ".join(c.rpartition(".")[2] for c in hf.GLU_LAYERS) + reason, model, stacklevel=4
+        )
+    replacements: dict[str, nn.Module] = {}
+    for name, feed_forward in targets.items():
+        projection_name, activation_name = next(v for c, v in hf.GLU_LAYERS.items() if hf.class_named(feed_forward, (c,)))
+        projection: Any = feed_forward.get_submodule(projection_name)
+        # nn.Linear holds [d_ff, d_model]; GPT-2's Conv1D holds the transpose, [d_model, d_ff].
+        d_ff, d_model = projection.weight.shape if isinstance(projection, nn.Linear) else projection.weight.shape[::-1]
+        layer_key = R.fold_in(key, R.name_to_int(name))
+        gate = _keyed_linear(d_model, d_ff, gated_layer_bias, projection.weight, R.fold_in(layer_key, 0))
+        up = _keyed_linear(d_model, d_ff, non_gated_layer_bias, projection.weight, R.fold_in(layer_key, 1))
+        where = f"model.{name}"
+        if act_fn is None:
+            current = getattr(feed_forward, activation_name)
+            activation = copy.deepcopy(current) if isinstance(current, nn.Module) else _Activation(current)
+        else:
+            activation = _activation(act_fn, feed_forward, where)
+        if hasattr(feed_forward, "c_proj"):
+            layers: Any = feed_forward
+            replacements[name] = hf.GatedMLP(gate, up, activation, layers.c_proj, layers.dropout)
+        else:
+            replacements[name] = hf.GatedIntermediate(gate, up, activation)
+    return replace_modules(model, replacements)
 
 
 def apply_gated_linear_units(
@@ -176,6 +240,8 @@ def apply_gated_linear_units(
     if not isinstance(key, Tensor) or key.dtype != torch.int64 or key.shape != (2,):
         raise ValueError(f"key={key!r} must be one key: an int64 tensor of shape [2], e.g. key(0)")
     replacements: dict[str, nn.Module] = {}
+    if hf.is_transformers_model(model):
+        return _gated_transformers(model, act_fn, gated_layer_bias, non_gated_layer_bias, key)
     if not hasattr(model, "blocks"):
         warn_nothing_to_replace(
             "GatedLinearUnits", "transformer blocks (model.blocks, see composer_fn.nn.blocks)", model

@@ -9,7 +9,9 @@ and writes the low precision, saving the casts and half of the memory traffic. O
 
 Surgery at INIT replaces every ``nn.LayerNorm`` (and subclass keeping its forward, and timm's ``LayerNorm``; an
 ``LPLayerNorm`` is kept, which makes the rewrite idempotent) by an ``LPLayerNorm`` with the same shape, epsilon
-and affine tensors, and timm's channels-first ``LayerNorm2d`` by an ``LPLayerNorm2d`` (see ``SURGERY_LAYERS``). The default
+and affine tensors, and timm's channels-first ``LayerNorm2d`` by an ``LPLayerNorm2d`` (see ``SURGERY_LAYERS``).
+RMS norms (``nn.RMSNorm``, and Llama's, Mistral's and Qwen2's, which compute in float32 whatever their input)
+become ``LPRMSNorm``: in the autocast dtype under autocast, and outside it exactly the layer it replaced. The default
 passes run it after every other algorithm of an event (``placement = "last"``), so that layer norms other
 surgeries add are converted too. It draws nothing at random.
 """
@@ -18,13 +20,13 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from composer_fn.algorithms._autocast import low_precision_forward
+from composer_fn.algorithms._autocast import low_precision_forward, normalized_in_autocast_dtype
 from composer_fn.algorithms._surgery import (
     SURGERY_LAYERS,
     Surgery,
@@ -35,9 +37,10 @@ from composer_fn.algorithms._surgery import (
 from composer_fn.core.algorithm import register
 from composer_fn.core.state import PRECISIONS
 
-__all__ = ["LowPrecisionLayerNorm", "LPLayerNorm", "LPLayerNorm2d", "apply_low_precision_layernorm"]
+__all__ = ["LowPrecisionLayerNorm", "LPLayerNorm", "LPLayerNorm2d", "LPRMSNorm", "apply_low_precision_layernorm"]
 
 _LAYERS = SURGERY_LAYERS["low_precision_layernorm"]
+_RMS_LAYERS = SURGERY_LAYERS["low_precision_layernorm/rms"]
 
 
 class LPLayerNorm(nn.LayerNorm):
@@ -56,7 +59,70 @@ class LPLayerNorm2d(LPLayerNorm):
         return super().forward(input.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
-def _low_precision(layer: nn.LayerNorm) -> LPLayerNorm:
+def _rms_norm(input: Tensor, shape: Any, weight: Tensor | None, bias: None, eps: float | None) -> Tensor:
+    return F.rms_norm(input, shape, weight, eps)
+
+
+class LPRMSNorm(nn.RMSNorm):
+    """``nn.RMSNorm`` computed in the autocast dtype under autocast; outside it, what the replaced layer computed.
+
+    ``float32_statistics``: outside autocast, normalise in float32 and scale the result cast back to the input's
+    dtype (``weight * (x * rsqrt(mean(x ** 2) + eps)).to(dtype)``, Hugging Face's Llama-style RMS norm), instead
+    of ``nn.RMSNorm``'s forward.
+    """
+
+    def __init__(
+        self,
+        normalized_shape: int | tuple[int, ...],
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        *,
+        float32_statistics: bool = False,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(normalized_shape, eps, elementwise_affine, device=device, dtype=dtype)
+        self.float32_statistics = float32_statistics
+
+    def forward(self, input: Tensor) -> Tensor:
+        """Returns the normalised ``input``: in the autocast dtype under autocast, else the replaced layer's result."""
+        if torch.is_autocast_enabled(input.device.type):
+            return normalized_in_autocast_dtype(_rms_norm, input, self.normalized_shape, self.weight, None, self.eps)  # type: ignore[arg-type]
+        if not self.float32_statistics:
+            return super().forward(input)
+        dtype = input.dtype
+        x = input.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)  # type: ignore[operator]
+        return self.weight * x.to(dtype)
+
+    def extra_repr(self) -> str:
+        """Returns the hyperparameters ``repr`` shows."""
+        return f"{super().extra_repr()}, float32_statistics={self.float32_statistics}"
+
+
+def _low_precision_rms(layer: Any) -> LPRMSNorm:
+    weight = layer.weight
+    torch_layer = isinstance(layer, nn.RMSNorm)
+    converted = LPRMSNorm(
+        tuple(layer.normalized_shape) if torch_layer else tuple(weight.shape),
+        eps=layer.eps if torch_layer else float(layer.variance_epsilon),
+        elementwise_affine=weight is not None,
+        float32_statistics=not torch_layer,
+        device=None if weight is None else weight.device,
+        dtype=None if weight is None else weight.dtype,
+    )
+    # The layer's own weight, which ``replace_modules`` moves onto its copy: a weight tied elsewhere stays tied.
+    converted.weight = weight
+    return converted
+
+
+def _low_precision(layer: Any) -> nn.Module:
+    if _RMS_LAYERS.kind(layer) is not None:
+        return _low_precision_rms(layer)
+    return _low_precision_layer_norm(layer)
+
+
+def _low_precision_layer_norm(layer: nn.LayerNorm) -> LPLayerNorm:
     reference = layer.weight
     channels_first = _LAYERS.kind(layer) == "timm.layers.norm.LayerNorm2d"
     # LayerNorm's own initialisation is ones and zeros: building it draws nothing at random.
@@ -79,16 +145,19 @@ def _low_precision(layer: nn.LayerNorm) -> LPLayerNorm:
     return converted
 
 
-def _layer_norms(model: nn.Module) -> dict[str, nn.LayerNorm]:
+def _layer_norms(model: nn.Module) -> dict[str, nn.Module]:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model={type(model).__name__}: expected a torch.nn.Module")
-    names = matching_modules(model, lambda _, module: _LAYERS.kind(module) is not None)
+    names = matching_modules(
+        model, lambda _, module: _LAYERS.kind(module) is not None or _RMS_LAYERS.kind(module) is not None
+    )
     return {name: model.get_submodule(name) for name in names}  # type: ignore[misc]
 
 
-def _converted(model: nn.Module, layers: dict[str, nn.LayerNorm]) -> nn.Module:
-    if not layers and not any(isinstance(m, LPLayerNorm) for m in model.modules()):
-        warn_nothing_to_replace("LowPrecisionLayerNorm", _LAYERS.describe(), model, stacklevel=4)
+def _converted(model: nn.Module, layers: dict[str, nn.Module]) -> nn.Module:
+    if not layers and not any(isinstance(m, LPLayerNorm | LPRMSNorm) for m in model.modules()):
+        looks_for = f"{_LAYERS.describe()} or {_RMS_LAYERS.describe()}"
+        warn_nothing_to_replace("LowPrecisionLayerNorm", looks_for, model, stacklevel=4)
     return replace_modules(model, {name: _low_precision(layer) for name, layer in layers.items()})
 
 
