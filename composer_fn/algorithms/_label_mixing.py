@@ -32,7 +32,7 @@ from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Capabilities, Hook, HostHook
 from composer_fn.core.event import Event
-from composer_fn.core.state import BatchMeta, State, Static, StepCtx, batch_get, batch_set
+from composer_fn.core.state import BatchMeta, State, Static, StepCtx, batch_get, batch_set, target_key_of
 from composer_fn.core.time import Timestamp
 
 __all__ = ["LabelMixing", "Pairing", "check_batch", "check_indices", "check_num_classes"]
@@ -168,26 +168,26 @@ class LabelMixing(Algorithm, Generic[_P]):
         return state, ctx.with_scratch(self.name, pairing, batch=batch_set(ctx.batch, self.input_key, mixed))
 
     def _mix_targets(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
-        target = batch_get(ctx.batch, self.target_key)
+        target = batch_get(ctx.batch, target_key_of(ctx.batch, self.target_key))
         input = batch_get(ctx.batch, self.input_key)
         logits = model_logits(ctx.outputs)
         if target.shape == logits.shape and not target.is_floating_point():
             # A target of the logits' shape holds probabilities (an integer one-hot target), as in Composer.
             target = target.to(torch.float32)
         mixed = self.mix_targets(target, input, ctx.scratch[self.name], logits.shape[1])
-        ctx = ctx.replace(batch=batch_set(ctx.batch, self.target_key, mixed))
+        ctx = ctx.replace(batch=batch_set(ctx.batch, target_key_of(ctx.batch, self.target_key), mixed))
         if _holds_own_loss(ctx.outputs):
-            ctx = ctx.replace(loss_fn=functools.partial(_logits_cross_entropy, self.target_key))
+            ctx = ctx.replace(loss_fn=functools.partial(_logits_cross_entropy, target_key_of(ctx.batch, self.target_key)))
         return state, ctx
 
     def _mix_loss(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
         pairing: _P = ctx.scratch[self.name]
-        target = batch_get(ctx.batch, self.target_key)
-        partners = batch_set(ctx.batch, self.target_key, target[pairing.indices])
+        target = batch_get(ctx.batch, target_key_of(ctx.batch, self.target_key))
+        partners = batch_set(ctx.batch, target_key_of(ctx.batch, self.target_key), target[pairing.indices])
         assert ctx.loss is not None
         loss_fn = ctx.loss_fn
         if _holds_own_loss(ctx.outputs):
-            loss_fn = functools.partial(_logits_cross_entropy, self.target_key)
+            loss_fn = functools.partial(_logits_cross_entropy, target_key_of(ctx.batch, self.target_key))
         return state, ctx.replace(loss=self.mix_losses(ctx.loss, loss_fn(ctx.outputs, partners), pairing))
 
 

@@ -15,14 +15,14 @@ from __future__ import annotations
 import copy
 import os
 import warnings
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from composer_fn.algorithms._surgery import check_model, shared_copy
+from composer_fn.algorithms._surgery import check_model, shared_copy, warn_nothing_to_replace
 from composer_fn.core.algorithm import Algorithm, HostHook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static
@@ -99,6 +99,11 @@ def _guard(module: nn.Module, layers: Collection[str]) -> None:
             layer.register_forward_pre_hook(_contiguous_input)
 
 
+def _warn_if_nothing(module: nn.Module, tensors: Iterable[Tensor]) -> None:
+    if not any(t.dim() == 4 for t in tensors):
+        warn_nothing_to_replace("ChannelsLast", "4-d parameter or buffer (a 2-d convolution's weight)", module, stacklevel=4)
+
+
 def _warn(layers: Collection[str]) -> None:
     warnings.warn(
         f"ChannelsLast keeps {len(layers)} layer(s) in contiguous format on this CPU ({', '.join(layers)}): "
@@ -128,6 +133,7 @@ def apply_channels_last(model: nn.Module) -> nn.Module:
     make their input contiguous, with a warning naming them.
     """
     check_model(model)
+    _warn_if_nothing(model, [*model.parameters(), *model.buffers()])
     converted = copy.deepcopy(model).to(memory_format=torch.channels_last)
     device = next((p.device for p in converted.parameters()), torch.device("cpu"))
     layers = _faulty_layers(converted, device)
@@ -157,6 +163,7 @@ class ChannelsLast(Algorithm):
     def _convert(
         self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
     ) -> tuple[Static, State]:
+        _warn_if_nothing(static.module, [*state.params.values(), *state.buffers.values()])
         layers = _faulty_layers(static.module, static.device)
         if layers:
             module = shared_copy(static.module)

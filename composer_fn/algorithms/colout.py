@@ -27,7 +27,7 @@ from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
 from composer_fn.core.host import readable_on_host
-from composer_fn.core.state import batch_get, batch_set
+from composer_fn.core.state import batch_get, batch_set, target_key_of
 
 __all__ = ["ColOut", "ColOutParams", "ColOutTransform", "colout_params", "colout_apply", "colout_batch"]
 
@@ -293,9 +293,9 @@ class ColOut(BatchTransform):
         params = self._kept(key, input)
         dropped = batch_set(batch, self.input_key, colout_apply(input, params))
         if self.resize_target is not False:
-            target = batch_get(batch, self.target_key)
+            target = batch_get(batch, target_key_of(batch, self.target_key))
             if self.resize_target is True or _image_like(input, target):
-                dropped = batch_set(dropped, self.target_key, colout_apply(target, params))
+                dropped = batch_set(dropped, target_key_of(batch, self.target_key), colout_apply(target, params))
         return dropped
 
     def _kept(self, key: R.Key, input: Tensor) -> ColOutParams:

@@ -35,7 +35,7 @@ from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
 from composer_fn.core.host import readable_on_host
-from composer_fn.core.state import State, StepCtx, batch_get
+from composer_fn.core.state import State, StepCtx, batch_get, target_key_of
 
 __all__ = [
     "CutMix",
@@ -460,7 +460,7 @@ class CutMix(LabelMixing[CutMixParams]):
         return torch.lerp(partner_loss, loss, pairing.area.to(loss.dtype))
 
     def _mix_loss(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
-        if _is_dense(batch_get(ctx.batch, self.target_key), batch_get(ctx.batch, self.input_key)):
+        if _is_dense(batch_get(ctx.batch, target_key_of(ctx.batch, self.target_key)), batch_get(ctx.batch, self.input_key)):
             raise ValueError(
                 "CutMix(interpolate_loss=True) cannot interpolate the loss of dense (per-pixel) targets"
             )

@@ -41,7 +41,7 @@ from composer_fn.algorithms._targets import (
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, register
 from composer_fn.core.event import Event
-from composer_fn.core.state import State, StepCtx, batch_get, batch_set
+from composer_fn.core.state import State, StepCtx, batch_get, batch_set, target_key_of
 
 __all__ = ["LabelSmoothing", "smooth_labels", "smoothing_term"]
 
@@ -100,12 +100,6 @@ def _kept_weight(target: Tensor) -> Tensor:
     return kept.numel() / kept.sum().clamp(min=1).to(torch.float32)
 
 
-def _target_key(batch: Any, target_key: int | str) -> int | str:
-    if isinstance(batch, Mapping) and isinstance(target_key, int) and target_key not in batch and "labels" in batch:
-        return "labels"
-    return target_key
-
-
 @register
 @dataclass(frozen=True)
 class LabelSmoothing(Algorithm):
@@ -133,7 +127,7 @@ class LabelSmoothing(Algorithm):
         return {Event.BEFORE_LOSS: self._smooth, Event.AFTER_LOSS: self._restore}
 
     def _smooth(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
-        key = _target_key(ctx.batch, self.target_key)
+        key = target_key_of(ctx.batch, self.target_key)
         target = batch_get(ctx.batch, key)
         if _smooths_the_loss(ctx.outputs, target):
             return state, ctx
@@ -145,7 +139,7 @@ class LabelSmoothing(Algorithm):
         return state, ctx.with_scratch(self.name, target, batch=batch_set(ctx.batch, key, smoothed))
 
     def _restore(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
-        key = _target_key(ctx.batch, self.target_key)
+        key = target_key_of(ctx.batch, self.target_key)
         if self.name not in ctx.scratch:
             assert ctx.loss is not None
             target = batch_get(ctx.batch, key)

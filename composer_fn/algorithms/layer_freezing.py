@@ -108,7 +108,19 @@ class LayerFreezing(Algorithm):
         return freeze_schedule(epoch_end.elapsed, self.freeze_start, self.freeze_level)
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(freezes=self.frozen_parameters)
+        return Capabilities(freezes=self.frozen_parameters, checks_length=self.check_length)
+
+    def check_length(self, max_steps: int, steps_per_epoch: int) -> None:
+        """Warns when no epoch of a run of ``max_steps`` steps ends past ``freeze_start`` before the run ends."""
+        ends = range(steps_per_epoch, max_steps, max(steps_per_epoch, 1))
+        if any(freeze_schedule(end / max_steps, self.freeze_start, self.freeze_level) > 0 for end in ends):
+            return
+        epochs = -(-max_steps // max(steps_per_epoch, 1))
+        warn_changes_nothing(
+            f"LayerFreezing(freeze_start={self.freeze_start!r}) in a run of {epochs} epoch(s) freezes no layer: it "
+            f"freezes at the end of an epoch past {self.freeze_start!r} of the run, and no epoch but the last ends "
+            "there, so it changes nothing; start earlier or train more epochs"
+        )
 
     def frozen_parameters(self, module: Any, timestamp: Timestamp) -> frozenset[str]:
         """Returns the parameters of ``module`` frozen in the step starting at ``timestamp``."""

@@ -36,7 +36,7 @@ from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
 from composer_fn.core.event import Event
 from composer_fn.core.host import readable_on_host
-from composer_fn.core.state import BatchMeta, State, Static, StepCtx, batch_get, batch_set
+from composer_fn.core.state import BatchMeta, State, Static, StepCtx, batch_get, batch_set, target_key_of
 from composer_fn.core.time import Timestamp
 
 __all__ = [
@@ -341,7 +341,7 @@ class ProgressiveResizing(Algorithm):
 
     def _resize(self, plan_key: Hashable, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
         input = batch_get(ctx.batch, self.input_key)
-        target = batch_get(ctx.batch, self.target_key)
+        target = batch_get(ctx.batch, target_key_of(ctx.batch, self.target_key))
         assert isinstance(plan_key, tuple)
         height, width = input.shape[-2], input.shape[-1]
         if plan_key[0] == "size":
@@ -352,5 +352,5 @@ class ProgressiveResizing(Algorithm):
         new_input, new_target = _resized(input, target, size, self.mode, self.resize_targets, key)
         batch = batch_set(ctx.batch, self.input_key, new_input)
         if self.resize_targets:
-            batch = batch_set(batch, self.target_key, new_target)
+            batch = batch_set(batch, target_key_of(batch, self.target_key), new_target)
         return state, ctx.replace(batch=batch)

@@ -31,7 +31,7 @@ from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, register
 from composer_fn.core.event import Event
-from composer_fn.core.state import State, StepCtx, batch_get
+from composer_fn.core.state import State, StepCtx, batch_get, batch_input
 from composer_fn.core.time import Timestamp
 
 __all__ = [
@@ -178,7 +178,9 @@ class SelectiveBackprop(Algorithm):
         keep: the fraction of each pruned batch that is kept, in (0, 1].
         scale_factor: the input is downscaled by this for the scoring pass only, in (0, 1].
         interrupt: every ``interrupt``-th batch of the interval is not pruned (0: every batch is).
-        input_key: where the input sits in the batch.
+        input_key: where the input sits in the batch; None (the default): what the model is given, a mapping
+            batch's items as keyword arguments (a language model's ``input_ids`` and ``attention_mask``) or a
+            tuple's item 0. Composer's default is 0.
         target_key: where the target sits in the batch.
     """
 
@@ -190,7 +192,7 @@ class SelectiveBackprop(Algorithm):
     keep: float = 0.5
     scale_factor: float = 1.0
     interrupt: int = 2
-    input_key: int | str = 0
+    input_key: int | str | None = None
     target_key: int | str = 1
 
     def __post_init__(self) -> None:
@@ -198,7 +200,8 @@ class SelectiveBackprop(Algorithm):
         _check_interval(self.start, self.end)
         validate.real("scale_factor", self.scale_factor, minimum=0.0, maximum=1.0, open_below=True)
         validate.integer("interrupt", self.interrupt, minimum=0)
-        validate.batch_key("input_key", self.input_key)
+        if self.input_key is not None:
+            validate.batch_key("input_key", self.input_key)
         validate.batch_key("target_key", self.target_key)
         if self.keep == 1:
             warn_changes_nothing(
@@ -221,10 +224,22 @@ class SelectiveBackprop(Algorithm):
 
     def _prune(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
         assert ctx.forward is not None and ctx.per_sample_loss_fn is not None
-        input = batch_get(ctx.batch, self.input_key)
-        size = input.shape[0]
+        if self.input_key is None and isinstance(ctx.batch, Mapping):
+            # The model's keyword arguments, as the step gives them (a language model's ids and attention mask).
+            if self.scale_factor != 1:
+                raise ValueError(
+                    f"SelectiveBackprop(scale_factor={self.scale_factor!r}) downscales an image input, but the batch is a "
+                    f"mapping of {', '.join(map(str, ctx.batch))} given to the model as keyword arguments; use "
+                    "scale_factor=1, or input_key naming the images"
+                )
+            size = batch_input(ctx.batch, None).shape[0]
+            given: Any = ctx.batch
+        else:
+            input = batch_get(ctx.batch, 0 if self.input_key is None else self.input_key)
+            size = input.shape[0]
+            given = _downscale(input, self.scale_factor)
         with torch.no_grad():
-            outputs, _ = ctx.forward(state.params, state.buffers, _downscale(input, self.scale_factor))
+            outputs, _ = ctx.forward(state.params, state.buffers, given)
             losses = ctx.per_sample_loss_fn(outputs, ctx.batch).detach()
             indices = select_indices(R.algorithm_key(ctx.key, self.name), losses, self.keep)
         # Every per-sample tensor of the batch is pruned alike; other items pass through unchanged.

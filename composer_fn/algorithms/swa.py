@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.algorithms._timing import batch_end_times, epoch_end_times
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Capabilities, Hook, HostHook, register
@@ -267,7 +268,29 @@ class SWA(Algorithm):
         return _events(self, steps_per_epoch, max_steps)
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(lr_multiplier=self.lr_multiplier if self.schedule_swa_lr else None)
+        return Capabilities(
+            lr_multiplier=self.lr_multiplier if self.schedule_swa_lr else None, checks_length=self.check_length
+        )
+
+    def check_length(self, max_steps: int, steps_per_epoch: int) -> None:
+        """Warns when a run of ``max_steps`` steps gives SWA nothing to average or never applies the average."""
+        events = _events(self, steps_per_epoch, max_steps)
+        window = (
+            f"SWA(swa_start={self.swa_start!r}, swa_end={self.swa_end!r}, update_interval={self.update_interval!r}) "
+            f"in a run of {max_steps} steps ({steps_per_epoch} per epoch)"
+        )
+        if not events.updates:
+            reason = "takes in no weights (averaging would begin after the run ends), so it changes nothing"
+        elif events.end is None:
+            reason = "never reaches swa_end, so the average never replaces the weights: it changes nothing"
+        elif len(events.updates) == 1:
+            reason = (
+                "takes in one set of weights only: the average is the weights themselves, so it changes no weight "
+                "(only BatchNorm statistics are recomputed)"
+            )
+        else:
+            return
+        warn_changes_nothing(f"{window} {reason}; start averaging earlier or update it more often")
 
     def lr_multiplier(self, schedule: Any, *, steps_per_epoch: int, max_steps: int) -> Any:
         """Returns the run's multiplier ``schedule`` with the SWA annealing from the first update on."""

@@ -98,8 +98,9 @@ class Capabilities:
     the run logs where the rule reads (``watches``; ``fnmatch`` patterns allowed), each with the range its values
     can take; it raises ValueError when the rule's metric is not among them or no value in its range can stop."""
     checks_length: Callable[[int, int], None] | None = None
-    """With ``stops``: ``checks_length(max_steps, steps_per_epoch)`` is called when the trainer is built, with the
-    run's length in steps; it warns when the rule can never end a run that long."""
+    """``checks_length(max_steps, steps_per_epoch)`` is called when the trainer is built, with the run's length in
+    steps; it warns when the algorithm can never act in a run that long (a stopping rule that can never end it,
+    a weight average that never takes in two sets of weights)."""
 
 
 _NONE = Capabilities()

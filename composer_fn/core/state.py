@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "initial_state", "State", "StepCtx", "Static", "BatchMeta", "batch_meta",
-    "Precision", "LossFn", "ForwardFn", "GradientFn", "batch_get", "batch_input", "batch_set", "batch_target",
+    "Precision", "LossFn", "ForwardFn", "GradientFn", "batch_get", "batch_input", "batch_set", "batch_target", "target_key_of",
     "tree_map",
 ]
 
@@ -291,6 +291,15 @@ def batch_get(batch: Any, key: int | str) -> Any:
             f"batch has no item {key!r}: a batch is a tuple/list indexed by position or a mapping by key, "
             f"got {type(batch).__name__}"
         ) from error
+
+
+def target_key_of(batch: Any, target_key: int | str) -> int | str:
+    """Returns the key the targets are read at: ``target_key``, or ``'labels'`` for a mapping batch that holds
+    ``'labels'`` and not ``target_key`` when that is a position (an algorithm's default 1 meeting a Hugging Face
+    batch)."""
+    if isinstance(batch, Mapping) and isinstance(target_key, int) and target_key not in batch and "labels" in batch:
+        return "labels"
+    return target_key
 
 
 def batch_input(batch: Any, input_key: int | str | None) -> Any:

@@ -44,6 +44,7 @@ __all__ = [
     "ModelCase",
     "Comparison",
     "torchvision_models",
+    "timm_models",
     "image_batches",
     "torch_reference",
     "trainer_result",
@@ -246,6 +247,39 @@ def torchvision_models() -> dict[str, ModelCase]:
                 [2, 2], 8, depths=[1, 1], num_heads=[1, 2], window_size=[2, 2], stochastic_depth_prob=0.0,
                 num_classes=10,
             ),  # fmt: skip
+            16,
+        ),
+    ]
+    return {case.name: case for case in cases}
+
+
+def timm_models() -> dict[str, ModelCase]:
+    """Returns timm's architectures at small sizes, by the name of the model each one shrinks.
+
+    Each is timm's own class with its own layers: ``ResNet`` with timm's ``BasicBlock``, ``EfficientNet`` with
+    ``BatchNormAct2d`` and squeeze-excitation, ``ConvNeXt`` with timm's ``LayerNorm2d``, and
+    ``VisionTransformer``; dropout and drop-path are off.
+    """
+    from timm.models.convnext import ConvNeXt
+    from timm.models.efficientnet import _gen_efficientnet
+    from timm.models.resnet import BasicBlock, ResNet
+    from timm.models.vision_transformer import VisionTransformer
+
+    cases = [
+        ModelCase("resnet18", lambda: ResNet(BasicBlock, [1, 1, 1, 1], num_classes=10), 32),
+        ModelCase(
+            "efficientnet_b0",
+            lambda: _gen_efficientnet(
+                "efficientnet_b0", channel_multiplier=0.25, depth_multiplier=0.25, num_classes=10, pretrained=False
+            ),
+            32,
+        ),
+        ModelCase("convnext_atto", lambda: ConvNeXt(depths=(1, 1, 1, 1), dims=(8, 16, 32, 64), num_classes=10), 32),
+        ModelCase(
+            "vit_tiny",
+            lambda: VisionTransformer(
+                img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=10
+            ),
             16,
         ),
     ]

@@ -257,9 +257,8 @@ def make_train_step(
     slots = ModuleSlots(static.module) if grad_mode == "autograd" else None
     key_names = forward_key_names(static.module)
     forward_with = functools.partial(_forward, static, slots, input_key is None)
-    model_input = functools.partial(
-        model_inputs, input_key=input_key, accepted=keyword_names(static.module) if input_key is None else None
-    )
+    accepted = keyword_names(static.module) if input_key is None else None
+    model_input = functools.partial(model_inputs, input_key=input_key, accepted=accepted)
     update = functools.partial(_optimize, tx, donate=donate, frozen=frozen)
     microbatched = microbatch_size is not None or reduce is not None
     if grad_mode == "autograd" and not plan.hooks and not microbatched and not norms:
@@ -308,7 +307,9 @@ def make_train_step(
         keys = forward_keys(key_names, step_key) if key_names else None
 
         def forward(params: Mapping[str, Tensor], buffers: Mapping[str, Tensor], input: Any) -> tuple[Any, dict[str, Tensor]]:
-            return forward_with(params, buffers, input, keys)
+            # A mapping (a batch given as keyword arguments) keeps the items the model takes, as the step's does.
+            given = model_inputs(input, None, accepted) if input_key is None and isinstance(input, Mapping) else input
+            return forward_with(params, buffers, given, keys)
 
         return forward
 

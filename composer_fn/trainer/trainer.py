@@ -59,6 +59,7 @@ from composer_fn.core.state import (
     batch_set,
     batch_target,
     initial_state,
+    target_key_of,
 )
 from composer_fn.core.time import Time, Timestamp, TimeUnit, to_steps
 from composer_fn.loggers.base import Logger
@@ -924,6 +925,7 @@ class Trainer:
         if self._unchecked:
             self._check_keywords(raw, "train_dataloader's first batch")
             _item(raw, self.input_key, "input_key", "train_dataloader's first batch")
+            _check_algorithm_keys(self.algorithms, raw)
         meta = batch_meta(raw, self.input_key)
         self._meta = self._global_meta(meta) if self.world.size > 1 else meta
         self._batch = self._to_device(raw)
@@ -1397,6 +1399,33 @@ def _item(batch: Any, key: int | str | None, argument: str, where: str, outputs:
             else ""
         )
         raise ValueError(f"{argument}={key!r}: {where} has no item {item!r} (it holds {held}){hint}") from None
+
+
+def _check_algorithm_keys(algorithms: Sequence[Algorithm], batch: Any) -> None:
+    # Once, on the first batch: an algorithm's input_key or target_key that the batch lacks would fail inside the
+    # traced step; refused naming the algorithm, its argument and what the batch holds.
+    for algorithm in algorithms:
+        for argument in ("input_key", "target_key"):
+            key = getattr(algorithm, argument, None)
+            if key is None:
+                continue
+            read = target_key_of(batch, key) if argument == "target_key" else key
+            present = read in batch if isinstance(batch, Mapping) else isinstance(read, int) and -len(batch) <= read < len(batch)
+            if present:
+                continue
+            held = f"a mapping of {', '.join(map(repr, batch))}" if isinstance(batch, Mapping) else f"{len(batch)} items"
+            what = "the inputs it changes" if argument == "input_key" else "the targets"
+            tokens = isinstance(batch, Mapping) and "input_ids" in batch
+            hint = (
+                f"; {type(algorithm).__name__} changes images or features, not token sequences: leave it out of a run on "
+                "a language model's batches"
+                if tokens and argument == "input_key"
+                else f"; name the item that holds {what}"
+            )
+            raise ValueError(
+                f"{type(algorithm).__name__}({argument}={key!r}) reads {what} at {key!r}, but train_dataloader's first "
+                f"batch holds {held}{hint}"
+            )
 
 
 def _first_sample(item: Any) -> Any:

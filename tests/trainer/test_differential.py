@@ -2,7 +2,8 @@
 
 Each torchvision architecture (at a small size) trains three steps of SGD with momentum and of AdamW, eager,
 compiled (aot_eager), microbatched and with ChannelsLast, next to torch.optim on the same batches; every
-parameter must end within its allowance (``composer_fn.testing.differential``).
+parameter must end within its allowance (``composer_fn.testing.differential``). timm's architectures do the
+same uncompiled; Hugging Face models are ``test_huggingface.py``'s.
 """
 
 from __future__ import annotations
@@ -10,7 +11,14 @@ from __future__ import annotations
 import pytest
 
 from composer_fn.optim import fused
-from composer_fn.testing.differential import ADAMW, SGD_MOMENTUM, OptimizerPair, compare, torchvision_models
+from composer_fn.testing.differential import (
+    ADAMW,
+    SGD_MOMENTUM,
+    OptimizerPair,
+    compare,
+    timm_models,
+    torchvision_models,
+)
 from composer_fn.trainer import eager_step, microbatch, step
 
 MODELS = torchvision_models()
@@ -21,6 +29,17 @@ MODELS = torchvision_models()
 @pytest.mark.parametrize("name", list(MODELS))
 def test_the_trainer_trains_a_torchvision_model_as_a_torch_optim_loop_does(name: str, optimizer: OptimizerPair) -> None:
     comparisons = compare(MODELS[name], optimizer)
+    failed = [comparison.describe() for comparison in comparisons if comparison.failures]
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", [SGD_MOMENTUM, ADAMW], ids=["sgd", "adamw"])
+@pytest.mark.parametrize("name", ["resnet18", "efficientnet_b0", "convnext_atto", "vit_tiny"])
+def test_the_trainer_trains_a_timm_model_as_a_torch_optim_loop_does(name: str, optimizer: OptimizerPair) -> None:
+    pytest.importorskip("timm")
+    # Uncompiled paths: compiling is what the torchvision cases check, on the same kinds of layers.
+    comparisons = compare(timm_models()[name], optimizer, ["eager", "microbatched", "channels_last"])
     failed = [comparison.describe() for comparison in comparisons if comparison.failures]
     assert not failed, "\n".join(failed)
 
