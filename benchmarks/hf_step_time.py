@@ -85,7 +85,8 @@ def _model(name):
     model.load_state_dict(DATA[name]["init"])
     return model
 
-def fit(name, epochs):
+def fit(model_name, epochs):
+    name = model_name
     model = HuggingFaceModel(_model(name), use_logits=True)
     trainer = Trainer(
         model=model, train_dataloader=torch.utils.data.DataLoader(Batches(name), batch_size=None),
@@ -171,7 +172,7 @@ def main() -> None:
         peer.call("prepare", path=path)
         for name in MODELS:  # warm-up: first calls pay for imports and allocator growth
             _ours(cases[name], 1)
-            peer.call("fit", name=name, epochs=1)
+            peer.call("fit", model_name=name, epochs=1)
         for round_index in range(args.rounds):
             for name in MODELS:
                 sides = ["ours", "composer"] if round_index % 2 == 0 else ["composer", "ours"]
@@ -179,8 +180,8 @@ def main() -> None:
                     if side == "ours":
                         short, long = _ours(cases[name], EPOCHS[0]), _ours(cases[name], EPOCHS[1])
                     else:
-                        short = peer.call("fit", name=name, epochs=EPOCHS[0])
-                        long = peer.call("fit", name=name, epochs=EPOCHS[1])
+                        short = peer.call("fit", model_name=name, epochs=EPOCHS[0])
+                        long = peer.call("fit", model_name=name, epochs=EPOCHS[1])
                     per_step[name][side].append((long - short) / steps)
     print(
         f"ours: transformers {transformers.__version__}, torch {torch.__version__}; peer: Composer {info['composer']}, "

@@ -1,6 +1,10 @@
 """Every method on the models users bring: does it train and change the model, or say why it does not?
 
-Usage: python benchmarks/method_matrix.py [--models a,b] [--methods x,y] [--steps 3] [--json PATH]
+Usage: python benchmarks/method_matrix.py [--models a,b] [--methods x,y] [--steps 2] [--json PATH]
+       [--markdown PATH] [--render JSON]
+
+``--markdown`` writes the matrix as a page (methods by models, then why each cell warned or was refused);
+``--render JSON`` writes that page from an earlier run's ``--json`` without training.
 
 Rows: the torchvision and timm models of ``composer_fn.testing.models.VISION_MODELS`` (64×64 images, ViTs at
 32×32) and the Hugging Face GPT-2, BERT (masked LM and classification) and Llama of ``LANGUAGE_MODELS``
@@ -137,13 +141,56 @@ def _cell(row: str, method: str, steps: int, baseline: tuple[nn.Module, Any]) ->
     }
 
 
+SHORT = {
+    "torchvision/resnet18": "tv r18", "torchvision/resnet50": "tv r50", "torchvision/mobilenet_v3_small": "tv mnv3",
+    "torchvision/efficientnet_b0": "tv effb0", "torchvision/convnext_tiny": "tv cnx-t", "torchvision/vit_b_16": "tv vit",
+    "timm/resnet18": "timm r18", "timm/efficientnet_b0": "timm effb0", "timm/convnext_atto": "timm cnx-a",
+    "timm/vit_tiny_patch16_224": "timm vit", "hf/gpt2": "GPT-2", "hf/bert-mlm": "BERT-MLM",
+    "hf/bert-classification": "BERT-cls", "hf/llama": "Llama",
+}  # fmt: skip
+MARKS = {"changes": "✓", "warned": "W", "refused": "R", "SILENT": "**SILENT**", "DEEP ERROR": "**ERROR**"}
+
+
+def render(results: dict[str, dict[str, Any]]) -> str:
+    """Returns the matrix as Markdown: methods by models, then the reasons of the warned and refused cells."""
+    rows = list(results)
+    methods = sorted({m for cells in results.values() for m in cells})
+    lines = [
+        "| method | " + " | ".join(SHORT.get(r, r) for r in rows) + " |",
+        "|---|" + "---|" * len(rows),
+    ]
+    for method in methods:
+        cells = [MARKS[results[r][method]["outcome"]] if method in results[r] else "" for r in rows]
+        lines.append(f"| `{method}` | " + " | ".join(cells) + " |")
+    reasons: list[str] = []
+    for method in methods:
+        said: dict[str, list[str]] = {}
+        for row in rows:
+            cell = results[row].get(method)
+            if cell is not None and cell["outcome"] in ("warned", "refused") and cell["message"]:
+                text = cell["message"].replace("|", "\\|")
+                said.setdefault(f"{MARKS[cell['outcome']]}: {text}", []).append(SHORT.get(row, row))
+        for text, where in said.items():
+            reasons.append(f"- `{method}` on {', '.join(where)} — {text}")
+    return "\n".join(lines) + "\n\n" + "\n".join(reasons) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(ROWS))
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--markdown", type=Path, default=None)
+    parser.add_argument("--render", type=Path, default=None)
     args = parser.parse_args()
+    if args.render is not None:
+        page = render(json.loads(args.render.read_text()))
+        if args.markdown is not None:
+            args.markdown.write_text(page)
+        else:
+            print(page)
+        return
     rows, methods = args.models.split(","), args.methods.split(",")
     results: dict[str, dict[str, Any]] = {}
     for row in rows:
@@ -165,6 +212,8 @@ def main() -> None:
         print(f"DEFECT {row} × {method}: {cell['outcome']} {cell['message']} ({cell.get('where', '')})")
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))
+    if args.markdown is not None:
+        args.markdown.write_text(render(results))
     sys.exit(1 if defects else 0)
 
 

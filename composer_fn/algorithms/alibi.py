@@ -39,7 +39,7 @@ from composer_fn.core.algorithm import Hook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx
 from composer_fn.core.time import Timestamp
-from composer_fn.nn import protocol_attribute, protocol_blocks
+from composer_fn.nn import has_protocol_blocks, protocol_attribute, protocol_blocks
 
 __all__ = [
     "Alibi",
@@ -102,7 +102,7 @@ class AlibiBias(nn.Module):
 def _alibi_targets(model: nn.Module) -> frozenset[str]:
     if hf.is_transformers_model(model):
         return _transformers_targets(model)
-    if isinstance(model, nn.Module) and not hasattr(model, "blocks"):
+    if isinstance(model, nn.Module) and not has_protocol_blocks(model):
         return frozenset()
     blocks = protocol_blocks(model)
     protocol_attribute(model, "max_seq_len", "model")
@@ -216,7 +216,7 @@ def apply_alibi(model: nn.Module, max_sequence_length: int) -> nn.Module:
     max_sequence_length = validate.integer("max_sequence_length", max_sequence_length, minimum=1)
     if hf.is_transformers_model(model):
         return _apply_alibi_transformers(model, max_sequence_length)
-    if isinstance(model, nn.Module) and not hasattr(model, "blocks"):
+    if isinstance(model, nn.Module) and not has_protocol_blocks(model):
         warn_nothing_to_replace(
             "Alibi", "transformer blocks (model.blocks, see composer_fn.nn.blocks)", model
         )

@@ -12,6 +12,7 @@ kept comes from the key (the first entries of a keyed permutation, sorted), whic
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -23,11 +24,14 @@ from torch.utils.data import get_worker_info
 from composer_fn.algorithms._batch_transform import BatchTransform
 from composer_fn.algorithms._keys import check_key
 from composer_fn.algorithms._no_op import warn_changes_nothing
+from composer_fn.algorithms.progressive_resizing import check_resizable
 from composer_fn.core import random as R
 from composer_fn.core import validate
-from composer_fn.core.algorithm import register
+from composer_fn.core.algorithm import HostHook, register
+from composer_fn.core.event import Event
 from composer_fn.core.host import readable_on_host
-from composer_fn.core.state import batch_get, batch_set, target_key_of
+from composer_fn.core.state import BatchMeta, State, Static, batch_get, batch_set, target_key_of
+from composer_fn.core.time import Timestamp
 
 __all__ = ["ColOut", "ColOutParams", "ColOutTransform", "colout_params", "colout_apply", "colout_batch"]
 
@@ -284,6 +288,15 @@ class ColOut(BatchTransform):
                 f"add ColOutTransform(p_row={self.p_row!r}, p_col={self.p_col!r}, "
                 f"resize_target={self.resize_target!r}, seed=...) to your dataset's transforms instead"
             )
+
+    def host_hooks(self) -> Mapping[Event, HostHook]:
+        return {**super().host_hooks(), Event.INIT: self._check_model}
+
+    def _check_model(
+        self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
+    ) -> tuple[Static, State]:
+        check_resizable(static.module, "ColOut drops rows and columns of the images, which makes them smaller", "ColOut")
+        return static, state
 
     def transform(self, key: R.Key, input: Tensor) -> Tensor:
         return colout_apply(input, self._kept(key, input))

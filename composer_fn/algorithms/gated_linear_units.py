@@ -40,7 +40,7 @@ from composer_fn.algorithms._surgery import Surgery, replace_modules, warn_nothi
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
-from composer_fn.nn import init_parameters, protocol_attribute, protocol_blocks
+from composer_fn.nn import has_protocol_blocks, init_parameters, protocol_attribute, protocol_blocks
 
 __all__ = [
     "GatedLinearUnits",
@@ -143,7 +143,7 @@ def _glu_targets(model: nn.Module) -> dict[str, nn.Module]:
             if hf.class_named(module, tuple(hf.GLU_LAYERS)):
                 found[name] = module
         return found
-    if isinstance(model, nn.Module) and not hasattr(model, "blocks"):
+    if isinstance(model, nn.Module) and not has_protocol_blocks(model):
         return found
     for name, block in protocol_blocks(model):
         feed_forward = protocol_attribute(block, "feed_forward", f"model.{name}")
@@ -242,7 +242,7 @@ def apply_gated_linear_units(
     replacements: dict[str, nn.Module] = {}
     if hf.is_transformers_model(model):
         return _gated_transformers(model, act_fn, gated_layer_bias, non_gated_layer_bias, key)
-    if not hasattr(model, "blocks"):
+    if not has_protocol_blocks(model):
         warn_nothing_to_replace(
             "GatedLinearUnits", "transformer blocks (model.blocks, see composer_fn.nn.blocks)", model
         )

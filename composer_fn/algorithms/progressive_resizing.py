@@ -264,6 +264,22 @@ def fixed_input_size(model: torch.nn.Module) -> tuple[str, tuple[int, int]] | No
     return None
 
 
+def check_resizable(model: torch.nn.Module, does: str, method: str) -> None:
+    """Raises ValueError when ``model`` accepts one input size only (``fixed_input_size``): ``does`` says how the
+    method ``method`` changes the images' size."""
+    fixed = fixed_input_size(model)
+    if fixed is None:
+        return
+    name, (height, width) = fixed
+    module = model.get_submodule(name)
+    where = f"submodule {name!r} ({type(module).__name__})" if name else type(module).__name__
+    raise ValueError(
+        f"{does}, but the model's {where} accepts only {height}x{width} inputs (its position embeddings have one "
+        f"entry per patch of that size). Leave {method} out for this model, or build it to accept other sizes "
+        "(timm: dynamic_img_size=True)"
+    )
+
+
 @register
 @dataclass(frozen=True)
 class ProgressiveResizing(Algorithm):
@@ -308,16 +324,11 @@ class ProgressiveResizing(Algorithm):
     def _check_model(
         self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
     ) -> tuple[Static, State]:
-        fixed = fixed_input_size(static.module)
-        if fixed is not None and self.initial_scale < 1:
-            name, (height, width) = fixed
-            module = static.module.get_submodule(name)
-            where = f"submodule {name!r} ({type(module).__name__})" if name else type(module).__name__
-            raise ValueError(
-                f"ProgressiveResizing(initial_scale={self.initial_scale}) trains on images smaller than full "
-                f"size, but the model's {where} accepts only {height}x{width} inputs (its position embeddings "
-                "have one entry per patch of that size). Leave ProgressiveResizing out for this model, or build "
-                "it to accept other sizes (timm: dynamic_img_size=True)"
+        if self.initial_scale < 1:
+            check_resizable(
+                static.module,
+                f"ProgressiveResizing(initial_scale={self.initial_scale}) trains on images smaller than full size",
+                "ProgressiveResizing",
             )
         return static, state
 

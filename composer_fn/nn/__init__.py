@@ -1,6 +1,6 @@
 """What algorithms, the trainer and the models share: keyed layers, keyed initialisation, the block protocol."""
 
-from composer_fn.nn.blocks import protocol_attribute, protocol_blocks
+from composer_fn.nn.blocks import has_protocol_blocks, protocol_attribute, protocol_blocks
 from composer_fn.nn.init import init_parameters, materialise, require_key
 from composer_fn.nn.keyed import (
     FORWARD_KEY,
@@ -17,6 +17,7 @@ __all__ = [
     "forward_keys",
     "init_parameters",
     "materialise",
+    "has_protocol_blocks",
     "protocol_attribute",
     "protocol_blocks",
     "register_forward_key",

@@ -33,7 +33,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["protocol_attribute", "protocol_blocks"]
+__all__ = ["has_protocol_blocks", "protocol_attribute", "protocol_blocks"]
 
 _DOCUMENTED = "the transformer structure documented in composer_fn.nn.blocks"
 
@@ -49,6 +49,20 @@ def protocol_attribute(owner: Any, attribute: str, where: str) -> Any:
             "(CausalLM and MaskedLM follow it)"
         )
     return getattr(owner, attribute)
+
+
+def has_protocol_blocks(model: object) -> bool:
+    """Returns whether ``model`` means to follow the transformer protocol: its ``blocks`` is an ``nn.ModuleList``
+    holding a block with an ``attention`` or a ``feed_forward``.
+
+    A model whose ``blocks`` is something else (timm's ``nn.Sequential`` of its own blocks) is not one: surgeries
+    of the protocol find nothing in it. One that means to follow it and breaks it gets ``protocol_blocks``'s
+    TypeError naming what is missing.
+    """
+    blocks = getattr(model, "blocks", None) if isinstance(model, nn.Module) else None
+    return isinstance(blocks, nn.ModuleList) and any(
+        hasattr(block, "attention") or hasattr(block, "feed_forward") for block in blocks
+    )
 
 
 def protocol_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -100,3 +100,14 @@ def test_swa_and_layer_freezing_warn_when_the_run_is_too_short_for_them_and_not_
         warnings.simplefilter("error")
         _trainer(nn.Linear(8, 3), batches, [SWA(swa_start="0.5dur")], max_duration="4ep")
         _trainer(nn.Linear(8, 3), batches, [LayerFreezing()], max_duration="4ep")
+
+
+def test_colout_on_a_vision_transformer_of_one_input_size_is_refused_before_the_first_step() -> None:
+    from torchvision.models import VisionTransformer
+
+    from composer_fn.algorithms import ColOut
+
+    model = VisionTransformer(16, 4, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=3)
+    batches = [(torch.rand(4, 3, 16, 16), torch.randint(0, 3, (4,))) for _ in range(2)]
+    with pytest.raises(ValueError, match=r"ColOut drops rows and columns.*VisionTransformer accepts only 16x16"):
+        _trainer(model, batches, [ColOut()]).fit()
