@@ -15,6 +15,7 @@ import torchmetrics
 
 from composer_fn import optim
 from composer_fn.testing.differential import ADAMW, SGD_MOMENTUM, OptimizerPair, update_errors
+from composer_fn.testing.models import language_model, token_batches
 from composer_fn.trainer import Trainer
 from composer_fn.trainer.evaluator import Evaluator
 from composer_fn.trainer.outputs import default_per_sample_loss
@@ -79,8 +80,12 @@ def _reference(
 
 
 @pytest.mark.parametrize("optimizer", [SGD_MOMENTUM, ADAMW], ids=["sgd", "adamw"])
-def test_a_gpt2_trained_twenty_steps_on_padded_batches_equals_its_torch_optim_loop(optimizer: OptimizerPair) -> None:
-    model, batches = _gpt2(), _lm_batches(20)
+@pytest.mark.parametrize("name", ["gpt2", "bert-mlm", "llama"])
+def test_a_language_model_trained_twenty_steps_on_padded_batches_equals_its_torch_optim_loop(
+    name: str, optimizer: OptimizerPair
+) -> None:
+    model = _gpt2() if name == "gpt2" else language_model(name)
+    batches = _lm_batches(20) if name == "gpt2" else token_batches(20, kind="masked" if name == "bert-mlm" else "causal")
     assert any(bool((b["attention_mask"] == 0).any()) for b in batches)
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     expected = _reference(model, batches, optimizer)
