@@ -14,6 +14,7 @@ names, same values).
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,7 +141,9 @@ def convolutions_in_order(module: nn.Module) -> list[str]:
 def _ordered(module: nn.Module) -> tuple[list[str], bool]:
     registered = [name for name, m in module.named_modules() if name and isinstance(m, _CONVOLUTIONS)]
     try:
-        graph = _ConvolutionsAsLeaves().trace(module)
+        # On a copy: tracing runs the Python of modules fx does not keep as leaves, which may write into their
+        # buffers (timm's BatchNormAct2d counts its batches in training mode).
+        graph = _ConvolutionsAsLeaves().trace(copy.deepcopy(module))
     except Exception:
         # Any model fx cannot trace (data-dependent control flow, unsupported ops) falls back, as Composer does.
         return registered, False

@@ -18,6 +18,12 @@ hyperparameters, its kind of batch, its model, whether it is stochastic) comes f
 ``composer_fn.testing.settings``: image algorithms are checked on a SmallCNN, token algorithms on a small
 CausalLM, unless their settings name a model.
 
+Every check but ``check_dtypes`` also takes ``on``: a function returning ``(model, batches)``, a fresh model
+of your own and the batches to train it on (tuples read at item 0, or mappings given to the model as keyword
+arguments, as the Trainer does; the loss is the Trainer's default: the model's own where it computes one). The
+checks then run on it instead: a Hugging Face model and its token batches, a timm or torchvision network and
+its images (``composer_fn.testing.models`` builds small ones).
+
 ``python -m pytest --pyargs composer_fn.testing`` is not needed: call the checks from your own tests.
 """
 
@@ -26,7 +32,7 @@ from __future__ import annotations
 import copy as copying
 import tempfile
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,13 +47,30 @@ from composer_fn.core.algorithm import Algorithm, algorithms_to_json
 from composer_fn.core.engine import frozen_parameters, make_plan, run_event, run_host_event
 from composer_fn.core.event import Event
 from composer_fn.core.schedule import Action, Progress, next_tick, run_schedule
-from composer_fn.core.state import ForwardFn, LossFn, State, Static, StepCtx, batch_meta, initial_state
+from composer_fn.core.state import (
+    ForwardFn,
+    LossFn,
+    State,
+    Static,
+    StepCtx,
+    batch_input,
+    batch_meta,
+    initial_state,
+)
 from composer_fn.core.time import Time, Timestamp, TimeUnit
 from composer_fn.models import SmallCNN
 from composer_fn.nn import init_parameters
 from composer_fn.optim import sgd
 from composer_fn.testing.settings import CheckSettings, modality_of, settings_for
 from composer_fn.trainer.checkpoint import load_checkpoint, save_checkpoint
+from composer_fn.trainer.outputs import (
+    default_loss,
+    default_per_sample_loss,
+    is_causal_lm,
+    keyword_names,
+    logits_of,
+    model_inputs,
+)
 from composer_fn.trainer.step import (
     compile_step,
     cross_entropy_loss,
@@ -57,6 +80,7 @@ from composer_fn.trainer.step import (
 )
 
 __all__ = [
+    "On",
     "Setup",
     "make_setup",
     "train_steps",
@@ -85,6 +109,12 @@ class Setup:
     loss_fn: LossFn
     per_sample_loss_fn: LossFn
     max_duration: Time
+    input_key: int | str | None = 0
+    """Where the model's input is (None: a mapping batch's items as keyword arguments)."""
+
+
+On = Callable[[], tuple[nn.Module, Sequence[Any]]]
+"""``on()`` returns a fresh model and the batches to check algorithms on it with (see the module docstring)."""
 
 
 def make_setup(
@@ -99,6 +129,7 @@ def make_setup(
     steps: int = 3,
     modality: str | None = None,
     model: nn.Module | None = None,
+    batches: Sequence[Any] | None = None,
 ) -> Setup:
     """Returns a set-up with INIT already run, for the algorithms' ``modality``.
 
@@ -108,8 +139,13 @@ def make_setup(
     labels. Both train with SGD with momentum; the run's ``max_duration`` is ``steps`` batches. ``seed`` draws the
     model and the data; ``key_seed`` (default ``seed``) is the root of the algorithms' random draws.
     ``modality`` overrides the one the algorithms declare (for a set-up without algorithms); ``model`` the model
-    (a token model reads ``[B, S]`` ids below 16).
+    (a token model reads ``[B, S]`` ids below 16). With ``batches`` (and ``model``, the model they are for), the
+    run trains that model from its own weights on them, one step per batch, with the Trainer's default losses.
     """
+    if batches is not None:
+        if model is None:
+            raise ValueError("make_setup(batches=...) needs model=..., the model the batches are for")
+        return _given_setup(algorithms, model, tuple(batches), seed if key_seed is None else key_seed)
     modality = modality or modality_of(algorithms)
     data_key = R.fold_in(R.key(seed), 0xDA7A)
     given = model
@@ -152,6 +188,31 @@ def make_setup(
     return Setup(algorithms, static, state, batches, loss_fn, per_sample, max_duration)
 
 
+def _given_setup(algorithms: Sequence[Algorithm], model: nn.Module, batches: tuple[Any, ...], root: int) -> Setup:
+    if not batches:
+        raise ValueError("make_setup(batches=()) needs at least one batch")
+    input_key = None if isinstance(batches[0], Mapping) else 0
+    inputs = tuple(batch_input(batch, input_key) for batch in batches)
+    wants_data = any("train_data" in a.requires for a in algorithms)
+    static = Static(module=model, seed=root, train_inputs=(lambda: iter(inputs)) if wants_data else None)
+    state = initial_state(model, R.key(root))
+    max_duration = Time(len(batches), TimeUnit.BATCH)
+    start = Timestamp().with_max_duration(max_duration)
+    static, state = run_host_event(Event.INIT, make_plan(tuple(algorithms), timestamp=start), static, state, start)
+    state = state.replace(
+        opt=_optimizer().init(state.params), algos={a.name: a.init(static, state) for a in algorithms}
+    )
+    per_sample = default_per_sample_loss(None, is_causal_lm(model))
+    return Setup(tuple(algorithms), static, state, batches, default_loss(None), per_sample, max_duration, input_key)
+
+
+def _on(on: On | None) -> dict[str, Any]:
+    if on is None:
+        return {}
+    model, batches = on()
+    return {"model": model, "batches": batches}
+
+
 def _optimizer() -> Any:
     return sgd(0.05, momentum=0.9)
 
@@ -181,7 +242,7 @@ def train_steps(
         if what is Event.BEFORE_DATALOADER:
             batch = next(batches)
         elif what is Event.BATCH_START:
-            meta = batch_meta(batch)
+            meta = batch_meta(batch, setup.input_key)
         elif what is Event.BATCH_END:
             meta = None
         plan = make_plan(setup.algorithms, timestamp=timestamp, meta=meta)
@@ -224,6 +285,7 @@ def _train_step(
             grad_mode="func" if compile_backend else "autograd",
             per_sample_loss_fn=setup.per_sample_loss_fn,
             frozen=frozen,
+            input_key=setup.input_key,
         )
         if compile_backend:
             step = compile_step(step, compile_backend)
@@ -252,25 +314,27 @@ def _assert_states_equal(left: State, right: State, what: str) -> None:
         assert torch.equal(a, b), f"{what}: state leaf {index} differs"
 
 
-def check_purity(algorithm: Algorithm, *, seed: int = 0) -> None:
+def check_purity(algorithm: Algorithm, *, seed: int = 0, on: On | None = None) -> None:
     """Raises AssertionError if a hook of ``algorithm`` writes into the state or batch it was given."""
-    setup = make_setup([algorithm], seed=seed)
+    setup = make_setup([algorithm], seed=seed, **_on(on))
     initial = _snapshot((setup.state, setup.batches))
     train_steps(setup, check_inputs=True)
     _assert_unchanged((setup.state, setup.batches), initial, f"{algorithm.name}: the set-up's state and batches")
 
 
-def check_determinism(algorithm: Algorithm, *, seed: int = 0) -> None:
+def check_determinism(algorithm: Algorithm, *, seed: int = 0, on: On | None = None) -> None:
     """Raises AssertionError unless two runs from the same seed end in bitwise equal states."""
-    first, _ = train_steps(make_setup([algorithm], seed=seed))
-    second, _ = train_steps(make_setup([algorithm], seed=seed))
+    first, _ = train_steps(make_setup([algorithm], seed=seed, **_on(on)))
+    second, _ = train_steps(make_setup([algorithm], seed=seed, **_on(on)))
     _assert_states_equal(first, second, f"{algorithm.name}: two runs from seed {seed}")
 
 
-def check_compiled_matches_eager(algorithm: Algorithm, *, seed: int = 0, backend: str = "aot_eager") -> None:
+def check_compiled_matches_eager(
+    algorithm: Algorithm, *, seed: int = 0, backend: str = "aot_eager", on: On | None = None
+) -> None:
     """Raises AssertionError unless the compiled steps give the eager losses and parameters (within 1e-6)."""
-    eager, eager_losses = train_steps(make_setup([algorithm], seed=seed))
-    compiled, compiled_losses = train_steps(make_setup([algorithm], seed=seed), compile_backend=backend)
+    eager, eager_losses = train_steps(make_setup([algorithm], seed=seed, **_on(on)))
+    compiled, compiled_losses = train_steps(make_setup([algorithm], seed=seed, **_on(on)), compile_backend=backend)
     for step, (a, b) in enumerate(zip(eager_losses, compiled_losses, strict=True)):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-6), f"{algorithm.name}: loss {step} eager {a} compiled {b}"
     for name in eager.params:
@@ -279,9 +343,9 @@ def check_compiled_matches_eager(algorithm: Algorithm, *, seed: int = 0, backend
         )
 
 
-def check_checkpoint_round_trip(algorithm: Algorithm, *, seed: int = 0) -> None:
+def check_checkpoint_round_trip(algorithm: Algorithm, *, seed: int = 0, on: On | None = None) -> None:
     """Raises AssertionError unless a checkpoint written after training loads back bit for bit."""
-    setup = make_setup([algorithm], seed=seed)
+    setup = make_setup([algorithm], seed=seed, **_on(on))
     trained, _ = train_steps(setup)
     with tempfile.TemporaryDirectory() as folder:
         path = save_checkpoint(
@@ -292,14 +356,16 @@ def check_checkpoint_round_trip(algorithm: Algorithm, *, seed: int = 0) -> None:
     assert loaded.algorithms == algorithms_to_json([algorithm]), f"{algorithm.name}: config not restored"
 
 
-def check_keys_matter(algorithm: Algorithm, *, seed: int = 0, settings: CheckSettings | None = None) -> None:
+def check_keys_matter(
+    algorithm: Algorithm, *, seed: int = 0, settings: CheckSettings | None = None, on: On | None = None
+) -> None:
     """Raises AssertionError unless other keys give other results exactly when the algorithm is stochastic.
 
     Model and data stay the same; only the root key changes. A deterministic algorithm (its ``settings`` say
     ``stochastic`` is false; by default the registered settings) must give bitwise the same state under both keys.
     """
-    first, _ = train_steps(make_setup([algorithm], seed=seed, key_seed=seed))
-    second, _ = train_steps(make_setup([algorithm], seed=seed, key_seed=seed + 1))
+    first, _ = train_steps(make_setup([algorithm], seed=seed, key_seed=seed, **_on(on)))
+    second, _ = train_steps(make_setup([algorithm], seed=seed, key_seed=seed + 1, **_on(on)))
     same = all(torch.equal(first.params[name], second.params[name]) for name in first.params)
     if (settings or settings_for(algorithm)).stochastic(algorithm):
         assert not same, f"{algorithm.name}: keys {seed} and {seed + 1} gave the same parameters"
@@ -318,12 +384,17 @@ def _outputs(static: Static, state: State, input: Any) -> Any:
     module.eval()
     try:
         with torch.no_grad():
+            if isinstance(input, Mapping):
+                given = model_inputs(input, None, keyword_names(module))
+                return functional_call(module, (dict(state.params), dict(state.buffers)), (), given)
             return functional_call(module, (dict(state.params), dict(state.buffers)), (input,))
     finally:
         module.train(mode)
 
 
-def check_surgery(algorithm: Algorithm, *, seed: int = 0, settings: CheckSettings | None = None) -> None:
+def check_surgery(
+    algorithm: Algorithm, *, seed: int = 0, settings: CheckSettings | None = None, on: On | None = None
+) -> None:
     """Raises AssertionError unless a model rewrite is pure and idempotent (algorithms that rewrite nothing pass).
 
     The rewrite at INIT must claim a submodule of the suite's model (so the check checks something), leave
@@ -335,7 +406,8 @@ def check_surgery(algorithm: Algorithm, *, seed: int = 0, settings: CheckSetting
         return
     chosen = settings or settings_for(algorithm)
     model = chosen.model() if chosen.model is not None else None
-    plain = make_setup([], seed=seed, modality=chosen.modality, model=model)
+    given = _on(on)
+    plain = make_setup([], seed=seed, modality=chosen.modality, **(given or {"model": model}))
     module = plain.static.module
     assert rewrites(module), f"{algorithm.name}: claims no submodule of the suite's model"
     before = _module_snapshot(module)
@@ -353,9 +425,14 @@ def check_surgery(algorithm: Algorithm, *, seed: int = 0, settings: CheckSetting
     twice_static, twice = run_host_event(Event.INIT, plan, once_static, once, start)
     assert repr(twice_static.module) == repr(once_static.module), f"{algorithm.name}: applying twice changed the model"
     _assert_states_equal(once, twice, f"{algorithm.name}: applying twice")
-    input = plain.batches[0][0]
+    input = plain.batches[0] if plain.input_key is None else plain.batches[0][0]
     first, second = _outputs(once_static, once, input), _outputs(twice_static, twice, input)
+    if not isinstance(first, Tensor):
+        first, second = logits_of(first), logits_of(second)
     assert torch.equal(first, second), f"{algorithm.name}: applying twice changed the outputs"
+    if on is not None:
+        # Aliased and tied submodules are checked on the suite's own models, where they are built in.
+        return
     _check_aliased_submodule(algorithm, chosen, module, once_static, once, input, seed)
     _check_tied_weights(algorithm, chosen, module, seed)
 
@@ -539,9 +616,9 @@ def make_forward(static: Static) -> ForwardFn:
     return forward
 
 
-def check_composes(first: Algorithm, second: Algorithm, *, seed: int = 0) -> None:
+def check_composes(first: Algorithm, second: Algorithm, *, seed: int = 0, on: On | None = None) -> None:
     """Raises AssertionError unless the two algorithms train together with finite losses."""
-    _, losses = train_steps(make_setup([first, second], seed=seed))
+    _, losses = train_steps(make_setup([first, second], seed=seed, **_on(on)))
     for step, loss in enumerate(losses):
         assert torch.isfinite(loss), f"{first.name} + {second.name}: loss {step} is {float(loss)}"
 

@@ -26,6 +26,7 @@ __all__ = [
     "default_loss",
     "default_per_sample_loss",
     "is_causal_lm",
+    "settle_loss_function",
     "keyword_names",
     "logits_of",
     "model_inputs",
@@ -84,6 +85,20 @@ def logits_of(outputs: Any) -> Any:
         return outputs
     logits = outputs.get("logits") if isinstance(outputs, Mapping) else getattr(outputs, "logits", None)
     return logits if isinstance(logits, Tensor) else outputs
+
+
+def settle_loss_function(module: nn.Module) -> None:
+    """Resolves, once and eagerly, the loss function of each Hugging Face model in ``module``.
+
+    ``transformers`` picks a model's loss on first use from its class name, and logs a warning where the name
+    says none (GPT-2's ``GPT2LMHeadModel``): a logging call that a compiled step cannot hold. Cached here
+    (``loss_function``'s own setter, the same function the model would pick), the step finds it without
+    logging. Other modules are left alone.
+    """
+    for part in module.modules():
+        if "_loss_function" not in vars(part) and isinstance(getattr(type(part), "loss_function", None), property):
+            if any(cls.__module__.startswith("transformers.") for cls in type(part).__mro__):
+                part.loss_function = part.loss_function
 
 
 def is_causal_lm(module: nn.Module) -> bool:

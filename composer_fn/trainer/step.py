@@ -53,7 +53,7 @@ from composer_fn.optim.fused import fusable, fused_step
 from composer_fn.trainer.eager_step import ModuleSlots, make_plain_step
 from composer_fn.trainer.loss_scale import DynamicLossScale
 from composer_fn.trainer.microbatch import Reduce, Summing, microbatched_step, norm_statistics
-from composer_fn.trainer.outputs import keyword_names, model_inputs
+from composer_fn.trainer.outputs import keyword_names, model_inputs, settle_loss_function
 
 __all__ = [
     "check_class_targets",
@@ -253,6 +253,7 @@ def make_train_step(
     """
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"grad_mode={grad_mode!r} must be one of {', '.join(GRAD_MODES)}")
+    settle_loss_function(static.module)
     scaler = loss_scale if loss_scale is not None else (DynamicLossScale() if static.precision == "fp16-mixed" else None)
     slots = ModuleSlots(static.module) if grad_mode == "autograd" else None
     key_names = forward_key_names(static.module)
