@@ -1,8 +1,9 @@
 """Microbatched steps: a batch cut into device microbatches whose gradient sums make one update.
 
 Each microbatch runs the step's events up to its gradient with a key of its own place in the global batch;
-its loss is weighted by its samples over a full microbatch's; the sums of gradients, loss, sample counts and
-normalization statistics over every microbatch of every process (``reduce``, or ``Summing`` fed from the
+its loss is weighted by its samples over a full microbatch's (or, for a loss that averages over positions, by
+the positions it counts over a full microbatch's); the sums of gradients, loss, sample (and position) counts
+and normalization statistics over every microbatch of every process (``reduce``, or ``Summing`` fed from the
 last backward) divided by the global counts are the step's, which the events from AFTER_BACKWARD on see once.
 ``make_train_step`` builds this step when it is given a microbatch size or a sum across processes.
 """
@@ -73,10 +74,15 @@ def split_batch(batch: Any, input_key: int | str | None, size: int | None, first
 
 
 def _accumulate(
-    sums: _Sums | None, grads: dict[str, Tensor], loss: Tensor, samples: int, statistics: Mapping[str, Tensor]
+    sums: _Sums | None,
+    grads: dict[str, Tensor],
+    loss: Tensor,
+    samples: int | Tensor,
+    statistics: Mapping[str, Tensor],
 ) -> _Sums:
-    # ``grads`` are those of the microbatch's loss weighted by its samples over the full microbatch's, and are
-    # the step's own (fresh from the gradient): the first microbatch's hold the running sum, added in place.
+    # ``grads`` are those of the microbatch's loss weighted by its samples (or positions) over the full
+    # microbatch's, and are the step's own (fresh from the gradient): the first microbatch's hold the running
+    # sum, added in place.
     weighted_loss = loss.detach().float() * samples
     if sums is None:
         return grads, weighted_loss, dict(statistics)
@@ -85,46 +91,52 @@ def _accumulate(
     return sums[0], sums[1] + weighted_loss, {name: sums[2][name] + b for name, b in statistics.items()}
 
 
-def _flat(sums: _Sums, count: Tensor, microbatches: Tensor) -> list[Tensor]:
+def _flat(sums: _Sums, count: Tensor, microbatches: Tensor, units: Tensor) -> list[Tensor]:
     # What the processes sum, in one order everywhere: the gradients last layer first (the order the backward
-    # computes them in), the normalization statistics, the loss, the sample and microbatch counts.
+    # computes them in), the normalization statistics, the loss, the sample, microbatch and position counts.
     grads, loss_sum, statistics = sums
-    return [*(grads[name] for name in reversed(grads)), *statistics.values(), loss_sum, count, microbatches]
+    return [*(grads[name] for name in reversed(grads)), *statistics.values(), loss_sum, count, microbatches, units]
 
 
 def _combine(
     sums: _Sums,
     samples: int,
     microbatches: int,
-    unit: int,
+    unit: float,
     reduce: Reduce | None,
     failed: bool = False,
     summing: Summing | None = None,
+    units: Tensor | None = None,
 ) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor], Tensor]:
-    # The global sums divided by the global counts: gradients by samples over ``unit`` (a full microbatch's
-    # samples, the weights' denominator) and the loss by samples (an infinite count marks a process that
-    # failed its microbatches), statistics by microbatches. The sums are the step's own: divided in place.
+    # The global sums divided by the global counts: gradients by samples (``units``: positions) over ``unit``
+    # (a full microbatch's, the weights' denominator) and the loss by samples (positions) (an infinite count
+    # marks a process that failed its microbatches), statistics by microbatches. The sums are the step's own:
+    # divided in place.
     grads, loss_sum, statistics = sums
     device = loss_sum.device
     count = torch.full((), float("inf") if failed else float(samples), device=device)
-    flat = _flat(sums, count, torch.full((), float(microbatches), device=device))
+    # Its own tensor even when it counts samples: a sum across processes may work on each tensor in place.
+    positions = count.clone() if units is None or failed else units.float()
+    flat = _flat(sums, count, torch.full((), float(microbatches), device=device), positions)
     if summing is not None:
         flat = summing.result(flat)
     elif reduce is not None:
         flat = reduce(flat)
-    total, parts = flat[-2], flat[-1]
-    share = total / unit if unit != 1 else total
+    total, parts, divisor = flat[-3], flat[-2], flat[-1]
+    share = divisor / unit if unit != 1 else divisor
     summed = dict(zip(reversed(grads), flat, strict=False))
     # A sum across processes comes back contiguous: each gradient returns to its parameter's layout.
     mean = in_layout_of({name: summed[name].div_(share) for name in grads}, grads)
     averaged = {name: b / parts for name, b in zip(statistics, flat[len(grads) :], strict=False)}
-    return mean, flat[-3] / total, averaged, total
+    return mean, flat[-4] / divisor, averaged, total
 
 
 def failed_contribution(state: State, frozen: frozenset[str], statistics: Sequence[str], reduce: Reduce) -> None:
     """Joins the other processes' sum of this step with nothing but a failure mark (for a process whose
     microbatches ran out of memory): every process then reads an infinite count and skips the update."""
-    _combine(_nothing(state.params, state.buffers, frozen, statistics), 0, 0, 1, reduce, failed=True)
+    _combine(
+        _nothing(state.params, state.buffers, frozen, statistics), 0, 0, 1, reduce, failed=True, units=torch.zeros(())
+    )
 
 
 def microbatched_step(
@@ -141,19 +153,22 @@ def microbatched_step(
     reduce: Reduce | None,
     overlap: Callable[[Sequence[Tensor]], Summing] | None,
     guarded: bool,
+    units: Callable[[Any], Tensor] | None = None,
+    units_scale: float = 1.0,
 ) -> Callable[[State, Any], tuple[State, dict[str, Tensor]]]:
     """Returns the step of the module docstring from the plain step's pieces: ``begin`` (AFTER_DATALOADER and
     BEFORE_TRAIN_BATCH), ``differentiated`` (the events up to the gradient, and the gradient) and ``finish``
     (the events from AFTER_BACKWARD on and the update)."""
     # Each microbatch's loss is weighted by its samples over a full microbatch's (1 but for a short last one):
-    # the summed gradients keep the scale of one microbatch's (what fp16 loss scaling expects).
-    unit = microbatch_size or 1
+    # the summed gradients keep the scale of one microbatch's (what fp16 loss scaling expects). A loss over
+    # positions weighs by its positions over a full microbatch's, ``units_scale`` positions per sample.
+    unit = (microbatch_size or 1) * (units_scale if units is not None else 1)
 
-    def gradient_sums(params: Mapping[str, Tensor], entries: Sequence[tuple[State, StepCtx, int]]) -> _Sums:
+    def gradient_sums(params: Mapping[str, Tensor], entries: Sequence[tuple[State, StepCtx, Any]]) -> _Sums:
         sums = None
-        for state, ctx, samples in entries:
-            loss, grads, _ = differentiated(params, state, ctx, samples / unit)
-            sums = _accumulate(sums, grads, loss, samples, {})
+        for state, ctx, count in entries:
+            loss, grads, _ = differentiated(params, state, ctx, count / unit)
+            sums = _accumulate(sums, grads, loss, count, {})
         return sums if sums is not None else _nothing(params, {}, frozen, ())
 
     def step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
@@ -161,8 +176,9 @@ def microbatched_step(
         # Every microbatch's normalization statistics start from the step's; the step keeps their average,
         # which the processes' sum makes the same on every process.
         start = state.buffers
-        entries: list[tuple[State, StepCtx, int]] = []
+        entries: list[tuple[State, StepCtx, Any]] = []
         sums: _Sums | None = None
+        positions: Tensor | None = None
         # The context of the events from AFTER_BACKWARD on: the last microbatch's, else (no sample) the step's.
         ctx = StepCtx(batch=batch, key=step_key, loss_fn=loss_fn)
         samples = 0
@@ -170,25 +186,37 @@ def microbatched_step(
         summing = None
         for number, (offset, part, size) in enumerate(parts):
             state, ctx = begin(state.replace(buffers=start), R.fold_in(step_key, offset), part, offset)
-            entries.append((state, ctx, size))
+            # What the loss averages over, counted on the batch the loss will see (after the batch's hooks).
+            count: Any = size if units is None else units(ctx.batch).detach().float()
+            if units is not None:
+                positions = count if positions is None else positions + count
+            entries.append((state, ctx, count))
             fed: set[str] = set()
             ready = None
             if overlap is not None and number == len(parts) - 1 and not torch.compiler.is_compiling():
                 # The last microbatch's backward feeds the processes' sum gradient by gradient.
                 summing, ready = _feeding(overlap, state, sums, frozen, statistics, fed)
-            loss, grads, (state, ctx) = differentiated(state.params, state, ctx, size / unit, ready)
+            loss, grads, (state, ctx) = differentiated(state.params, state, ctx, count / unit, ready)
             if sums is not None:
                 grads = {name: g for name, g in grads.items() if name not in fed}
-            sums = _accumulate(sums, grads, loss, size, {name: state.buffers[name] for name in statistics})
+            sums = _accumulate(sums, grads, loss, count, {name: state.buffers[name] for name in statistics})
             samples += size
         if sums is None:
             sums = _nothing(state.params, state.buffers, frozen, statistics)
-        grads, loss, averaged, total = _combine(sums, samples, len(entries), unit, reduce, summing=summing)
+        if units is not None and positions is None:
+            positions = torch.zeros((), device=sums[1].device)
+        grads, loss, averaged, total = _combine(
+            sums, samples, len(entries), unit, reduce, summing=summing, units=positions
+        )
         state = state.replace(buffers={**state.buffers, **averaged})
         captured = tuple(entries)
 
+        counted = positions
+
         def gradient_fn(params: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-            mean, mean_loss, _, _ = _combine(gradient_sums(params, captured), samples, len(captured), unit, reduce)
+            mean, mean_loss, _, _ = _combine(
+                gradient_sums(params, captured), samples, len(captured), unit, reduce, units=counted
+            )
             return mean_loss, mean
 
         ctx = ctx.replace(grads=grads, loss=loss, gradient_fn=gradient_fn)
@@ -211,7 +239,7 @@ def _feeding(
     trainable = {name: p for name, p in state.params.items() if name not in frozen}
     scalar = torch.zeros((), device=next(iter(state.params.values())).device)
     like = (trainable, scalar.float(), {name: state.buffers[name] for name in statistics})
-    summing = overlap(_flat(like, scalar, scalar))
+    summing = overlap(_flat(like, scalar, scalar, scalar))
     place = {name: index for index, name in enumerate(reversed(trainable))}
 
     def ready(name: str, grad: Tensor) -> None:

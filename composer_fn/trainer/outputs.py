@@ -15,6 +15,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -26,6 +27,8 @@ __all__ = [
     "default_loss",
     "default_per_sample_loss",
     "is_causal_lm",
+    "labelled_positions",
+    "positions_per_sample",
     "settle_loss_function",
     "keyword_names",
     "logits_of",
@@ -131,6 +134,41 @@ def default_loss(target_key: int | str | None) -> LossFn:
         return F.cross_entropy(logits, target)
 
     return loss_fn
+
+
+def _counted_targets(batch: Any, target_key: int | str | None, causal: bool) -> Tensor | None:
+    # The integer targets the default loss averages over (a causal model's from the second position on), or
+    # None when the targets are not class indices (probabilities: each sample counts once).
+    target = batch_target(batch, target_key)
+    if not isinstance(target, Tensor) or target.is_floating_point() or target.dim() == 0:
+        return None
+    return target[..., 1:] if causal and target.dim() >= 2 else target
+
+
+def labelled_positions(batch: Any, target_key: int | str | None, causal: bool) -> Tensor:
+    """Returns how many target positions the default loss averages over in ``batch``, as a float tensor.
+
+    Integer targets count where they are not ``-100`` (a causal language model's from the second position on,
+    as its loss shifts them); other targets count their samples. A language model's padded batch cut into
+    microbatches, or spread over processes, weighs each piece by this count, so that the step's loss is the
+    whole batch's mean over its labelled tokens.
+    """
+    target = _counted_targets(batch, target_key, causal)
+    if target is None:
+        given = batch_target(batch, target_key)
+        if isinstance(given, Tensor):
+            return torch.full((), float(given.shape[0] if given.dim() else 1), device=given.device)
+        return torch.ones(())
+    return (target != -100).sum().float()
+
+
+def positions_per_sample(batch: Any, target_key: int | str | None, causal: bool) -> int:
+    """Returns the target positions of one sample of ``batch`` (1 for one class per sample; a [B, S] language
+    model batch's S, or S - 1 for a causal model), the unit ``labelled_positions`` weighs microbatches in."""
+    target = _counted_targets(batch, target_key, causal)
+    if target is None or target.dim() < 2:
+        return 1
+    return max(int(target[0].numel()), 1)
 
 
 def default_per_sample_loss(target_key: int | str | None, causal: bool) -> LossFn:

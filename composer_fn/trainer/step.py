@@ -209,6 +209,8 @@ def make_train_step(
     overlap: Callable[[Sequence[Tensor]], Summing] | None = None,
     guard_failures: bool = False,
     norms: bool = False,
+    loss_units: Callable[[Any], Tensor] | None = None,
+    units_scale: float = 1.0,
 ) -> StepFn:
     """Returns the training step: the plan's traced events around a functional gradient and ``tx``'s update.
 
@@ -243,7 +245,11 @@ def make_train_step(
     (this process's first). Each microbatch's loss is weighted by its sample count over ``microbatch_size``, its
     gradient summed; ``reduce`` sums those across
     processes; the sum divided by the global sample count is the step's gradient (and loss), which the events
-    from AFTER_BACKWARD on see once. ``gradient_fn`` does the same over every microbatch. With ``overlap``
+    from AFTER_BACKWARD on see once. With ``loss_units`` (a loss that averages over the positions
+    ``loss_units(batch)`` counts, such as a language model's labelled tokens), each microbatch is weighted by
+    its count over ``microbatch_size * units_scale`` instead, and the sums are divided by the global count: the
+    step's loss and gradient are those of the whole global batch's mean over its positions, whatever the number
+    of microbatches and processes. ``gradient_fn`` does the same over every microbatch. With ``overlap``
     (``distributed.Summation``: the same sum as ``reduce``, fed tensor by tensor), an eager step with autograd
     and no loss scaling feeds its last microbatch's gradients to the sum from the backward, so the
     communication overlaps it. The metrics then also
@@ -291,12 +297,12 @@ def make_train_step(
         return ctx.loss, (state, ctx)
 
     def split_loss_and_aux(
-        trainable: Mapping[str, Tensor], fixed: Mapping[str, Tensor], state: State, ctx: StepCtx, weight: float
+        trainable: Mapping[str, Tensor], fixed: Mapping[str, Tensor], state: State, ctx: StepCtx, weight: float | Tensor
     ) -> tuple[Tensor, tuple[State, StepCtx]]:
         loss, aux = loss_and_aux({**fixed, **trainable}, state, ctx)
         # The value differentiated is the loss weighted (a microbatch's share) and scaled (loss scaling); the
         # context keeps the true one.
-        objective = loss if weight == 1.0 else loss * weight
+        objective = loss if isinstance(weight, float | int) and weight == 1.0 else loss * weight
         return (objective if scaler is None else scaler.scale(objective, state.hparams)), aux
 
     differentiate = grad_and_value(split_loss_and_aux, has_aux=True)
@@ -318,7 +324,7 @@ def make_train_step(
         params: Mapping[str, Tensor],
         state: State,
         ctx: StepCtx,
-        weight: float = 1.0,
+        weight: float | Tensor = 1.0,
         ready: Callable[[str, Tensor], None] | None = None,
     ) -> tuple[Tensor, dict[str, Tensor], tuple[State, StepCtx]]:
         # Frozen parameters enter as constants: autograd computes no gradient for them (nor, when every layer
@@ -403,6 +409,8 @@ def make_train_step(
             reduce=reduce,
             overlap=overlap if grad_mode == "autograd" and scaler is None else None,
             guarded=guard_failures,
+            units=loss_units,
+            units_scale=units_scale,
         )
 
     def train_step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:

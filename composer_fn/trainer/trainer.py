@@ -99,7 +99,9 @@ from composer_fn.trainer.outputs import (
     default_per_sample_loss,
     is_causal_lm,
     keyword_names,
+    labelled_positions,
     logits_of,
+    positions_per_sample,
 )
 from composer_fn.trainer.step import (
     GRAD_MODES,
@@ -213,8 +215,9 @@ class Trainer:
             (``composer_fn.core.passes.DEFAULT_PASSES``: Composer's order).
         grad_mode: ``'autograd'`` (default eager) or ``'func'`` (default when compiling).
         device_train_microbatch_size: cut each of this process's batches into microbatches of this many samples
-            and accumulate their gradients (each weighted by its share of the global batch) into one step; the
-            step equals the unaccumulated one up to rounding. ``'auto'`` starts from the whole batch and, when a
+            and accumulate their gradients (each weighted by its share of the global batch: of its samples, or,
+            with the default loss, of its labelled positions, a padded language model batch's tokens) into one
+            step; the step equals the unaccumulated one up to rounding, and so does a run on several processes. ``'auto'`` starts from the whole batch and, when a
             step runs out of device memory, halves the microbatch and retries the same batch (every process
             agrees); the size it settles on is logged. None: one microbatch.
         dist_timeout: seconds a collective waits for the other processes (torchrun runs) before failing.
@@ -380,6 +383,14 @@ class Trainer:
         if per_sample_loss_fn is None and loss_fn is None:
             per_sample_loss_fn = default_per_sample_loss(self.target_key, self._causal)
         self.per_sample_loss_fn = per_sample_loss_fn
+        # The default loss averages over labelled positions (a language model's tokens): microbatches and
+        # processes weigh their pieces by them (the unit, positions per sample, is fixed at the first batch).
+        self._loss_units = (
+            functools.partial(labelled_positions, target_key=self.target_key, causal=self._causal)
+            if self._default_loss
+            else None
+        )
+        self._units_scale: float | None = None
         self.compile = "inductor" if compile is True else (compile or None)
         if self.compile is not None:
             _check_backend(self.compile)
@@ -558,6 +569,8 @@ class Trainer:
                 overlap=distributed.Summation if self.world.size > 1 else None,
                 guard_failures=self._auto_microbatch and self.world.size > 1,
                 norms=self._step_norms,
+                loss_units=self._loss_units,
+                units_scale=self._units_scale or 1.0,
             )
             if self.compile:
                 step = compile_step(step, self._counting_backend())
@@ -934,6 +947,10 @@ class Trainer:
             self._rank_batch = self._rank_batch or meta.batch_size
             self._check_input_range(self._batch)
             self._check_targets(self._batch)
+            if self._loss_units is not None and self._units_scale is None:
+                # A power of two, so that runs whose first batches differ (a resumed run) weigh alike, exactly.
+                per_sample = positions_per_sample(raw, self.target_key, self._causal)
+                self._units_scale = float(self.world.broadcast(2.0 ** round(math.log2(per_sample))))
             given = batch_input(raw, self.input_key)
             if isinstance(given, Tensor):
                 self._trained_input = (tuple(given.shape), given.dtype)

@@ -25,6 +25,8 @@ PER_SAMPLE = ("sgd", False, "per_sample")
 CHANNELS_LAST = ("sgd", False, "channels_last")
 # An image folder read by worker-less DataLoaders under the DistributedSampler of each rank.
 FOLDER = ("sgd", False, "imagefolder")
+# A Hugging Face GPT-2 on right-padded rows: each rank's rows hold other numbers of labelled tokens.
+LANGUAGE = ("adamw", False, "gpt2")
 
 
 def _write_folder(root: Any) -> None:
@@ -75,6 +77,17 @@ def _trainer(rank: int, world: int, optimizer: str, compile: Any, *, batch: int 
     )
 
 
+def _lm_trainer(rank: int, world: int, **arguments: Any) -> Trainer:
+    from composer_fn.testing.models import tiny_gpt2, token_batches
+
+    batches = token_batches(4, batch_size=4, length=16, seed=3)
+    if world > 1:
+        batches = [{name: item[rank * 2 : (rank + 1) * 2] for name, item in batch.items()} for batch in batches]
+    return Trainer(
+        tiny_gpt2(), batches, max_duration="4ba", optimizer=adamw(0.01), progress_bar=False, seed=2, **arguments
+    )
+
+
 def _result(trainer: Trainer) -> dict[str, Any]:
     state = trainer.state
     return {"params": state.params, "opt": state.opt, "algos": state.algos, "metrics": trainer.metrics}
@@ -95,6 +108,9 @@ def _train_each(rank: int, root: str) -> dict[tuple[str, Any], dict[str, Any]]:
     trainer = _trainer(rank, 2, "sgd", False, algorithms=[ChannelsLast(), EMA()])
     trainer.fit()
     results[CHANNELS_LAST] = _result(trainer)
+    trainer = _lm_trainer(rank, 2)
+    trainer.fit()
+    results[LANGUAGE] = _result(trainer)
     return results
 
 
@@ -192,3 +208,21 @@ def test_an_image_folder_read_by_two_ranks_equals_one_process_with_their_batches
         for field in ("params", "opt", "algos"):
             _assert_bitwise(expected[field], two_ranks[rank][FOLDER][field], f"rank {rank}'s {field} (image folder)")
         assert two_ranks[rank][FOLDER]["metrics"]["eval/eval/loss"] == expected["metrics"]["eval/eval/loss"]
+
+
+def test_a_language_model_on_two_ranks_equals_one_process_whatever_tokens_each_rank_holds(
+    two_ranks: list[dict[tuple[str, Any], dict[str, Any]]],
+) -> None:
+    # The loss is the global batch's mean over its labelled tokens: each rank's share weighs by its tokens.
+    pytest.importorskip("transformers")
+    one = _lm_trainer(0, 1, device_train_microbatch_size=2)
+    one.fit()
+    expected = _result(one)
+    whole = _lm_trainer(0, 1)
+    whole.fit()
+    for rank in range(2):
+        for field in ("params", "opt"):
+            _assert_bitwise(expected[field], two_ranks[rank][LANGUAGE][field], f"rank {rank}'s {field} (GPT-2)")
+        # And the one-process run of the whole batches, up to rounding that AdamW scales up (by rows: 2e-2 off).
+        for name, value in whole.state.params.items():
+            torch.testing.assert_close(two_ranks[rank][LANGUAGE]["params"][name], value, rtol=0, atol=1e-4)
