@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from composer_fn.core.host import eager
+from composer_fn.core.state import held_logits
 
 __all__ = ["IGNORE_INDEX", "class_dimension", "ensure_targets_one_hot", "model_logits"]
 
@@ -28,10 +29,8 @@ def model_logits(outputs: Any) -> Tensor:
     A Hugging Face ``ModelOutput`` is a mapping that holds ``logits`` (and ``loss`` when labels reached the
     model). Raises TypeError naming what was found otherwise.
     """
-    if isinstance(outputs, Tensor):
-        return outputs
-    logits = outputs.get("logits") if isinstance(outputs, Mapping) else getattr(outputs, "logits", None)
-    if isinstance(logits, Tensor):
+    logits = held_logits(outputs)
+    if logits is not None:
         return logits
     found = f"a mapping with keys {list(outputs)}" if isinstance(outputs, Mapping) else type(outputs).__name__
     raise TypeError(f"model outputs of {found}: expected a logits tensor, or a mapping or record holding 'logits'")

@@ -18,8 +18,8 @@ from torch import Tensor, nn
 
 __all__ = [
     "initial_state", "State", "StepCtx", "Static", "BatchMeta", "batch_meta",
-    "Precision", "LossFn", "ForwardFn", "GradientFn", "batch_get", "batch_input", "batch_set", "batch_target", "target_key_of",
-    "tree_map",
+    "Precision", "LossFn", "ForwardFn", "GradientFn", "batch_get", "batch_input", "batch_set", "batch_target",
+    "target_key_of", "held_logits", "tree_map",
 ]
 
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed"]
@@ -291,6 +291,15 @@ def batch_get(batch: Any, key: int | str) -> Any:
             f"batch has no item {key!r}: a batch is a tuple/list indexed by position or a mapping by key, "
             f"got {type(batch).__name__}"
         ) from error
+
+
+def held_logits(outputs: Any) -> Tensor | None:
+    """Returns the logits a model's ``outputs`` hold: the tensor itself, or the ``logits`` of a mapping or record
+    (a Hugging Face ``ModelOutput``); None when they hold none."""
+    if isinstance(outputs, Tensor):
+        return outputs
+    logits = outputs.get("logits") if isinstance(outputs, Mapping) else getattr(outputs, "logits", None)
+    return logits if isinstance(logits, Tensor) else None
 
 
 def target_key_of(batch: Any, target_key: int | str) -> int | str:

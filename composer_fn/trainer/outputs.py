@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from composer_fn.core.state import LossFn, batch_get, batch_target
+from composer_fn.core.state import LossFn, batch_get, batch_target, held_logits
 
 __all__ = [
     "IGNORE_INDEX",
@@ -84,10 +84,8 @@ def model_loss(outputs: Any) -> Tensor | None:
 def logits_of(outputs: Any) -> Any:
     """Returns the logits of a model output record (``outputs.logits`` or ``outputs['logits']``); ``outputs``
     itself when it holds none (a model that returns its logits as a tensor)."""
-    if isinstance(outputs, Tensor):
-        return outputs
-    logits = outputs.get("logits") if isinstance(outputs, Mapping) else getattr(outputs, "logits", None)
-    return logits if isinstance(logits, Tensor) else outputs
+    logits = held_logits(outputs)
+    return outputs if logits is None else logits
 
 
 def settle_loss_function(module: nn.Module) -> None:
