@@ -55,7 +55,7 @@ ROWS, LENGTH, STEPS_PER_EPOCH, VOCAB = 8, 128, 8, 1000
 EPOCHS = (1, 3)
 MODELS = ("gpt2", "bert")
 
-PEER_SOURCE = r'''
+PEER_SOURCE = r"""
 import time, torch, transformers
 
 def setup():
@@ -99,7 +99,7 @@ def fit(model_name, epochs):
     elapsed = time.perf_counter() - start
     trainer.close()
     return elapsed
-'''
+"""
 
 
 def _cases() -> dict[str, dict[str, Any]]:
@@ -142,7 +142,9 @@ def _cases() -> dict[str, dict[str, Any]]:
 def _ours(case: dict[str, Any], epochs: int) -> float:
     import transformers
 
-    model = getattr(transformers, case["model_class"])(getattr(transformers, case["config_class"])(**case["config"]))
+    model = getattr(transformers, case["model_class"])(
+        getattr(transformers, case["config_class"])(**case["config"])
+    )
     model.load_state_dict(case["init"])
     trainer = Trainer(
         model, case["batches"], max_duration=f"{epochs}ep", optimizer=optim.adamw(learning_rate=1e-4), seed=0,
@@ -165,7 +167,10 @@ def main() -> None:
     cases = _cases()
     steps = (EPOCHS[1] - EPOCHS[0]) * STEPS_PER_EPOCH
     per_step: dict[str, dict[str, list[float]]] = {m: {"ours": [], "composer": []} for m in MODELS}
-    with tempfile.TemporaryDirectory() as folder, Peer(python, PEER_SOURCE, threads=args.threads, timeout=900).start() as peer:
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        Peer(python, PEER_SOURCE, threads=args.threads, timeout=900).start() as peer,
+    ):
         path = str(Path(folder) / "cases.pt")
         torch.save(cases, path)
         info = peer.wait_ready()
@@ -190,8 +195,15 @@ def main() -> None:
     rows = []
     results: dict[str, Any] = {}
     for name in MODELS:
-        ours, theirs = statistics.median(per_step[name]["ours"]), statistics.median(per_step[name]["composer"])
-        results[name] = {"ours_s": per_step[name]["ours"], "composer_s": per_step[name]["composer"], "ratio": ours / theirs}
+        ours, theirs = (
+            statistics.median(per_step[name]["ours"]),
+            statistics.median(per_step[name]["composer"]),
+        )
+        results[name] = {
+            "ours_s": per_step[name]["ours"],
+            "composer_s": per_step[name]["composer"],
+            "ratio": ours / theirs,
+        }
         rows.append([name, f"{ours * 1e3:.1f}", f"{theirs * 1e3:.1f}", f"{ours / theirs:.3f}"])
     print(format_table(["model", "ours ms/step", "Composer ms/step", "ours / Composer"], rows))
     if args.json is not None:

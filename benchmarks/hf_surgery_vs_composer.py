@@ -40,7 +40,7 @@ CONFIG: dict[str, Any] = dict(
     attention_probs_dropout_prob=0.0,
 )
 
-PEER_SOURCE = r'''
+PEER_SOURCE = r"""
 import torch, transformers
 from transformers import BertConfig, BertForMaskedLM
 from composer.algorithms.alibi import apply_alibi
@@ -66,7 +66,7 @@ def logits(path, surgery, config):
         ).logits.float()
     torch.save(out, path + "." + surgery)
     return path + "." + surgery
-'''
+"""
 
 
 def main() -> None:
@@ -82,7 +82,8 @@ def main() -> None:
 
     torch.manual_seed(0)
     models = {
-        impl: BertForMaskedLM(BertConfig(**CONFIG, attn_implementation=impl)).eval() for impl in ("sdpa", "eager")
+        impl: BertForMaskedLM(BertConfig(**CONFIG, attn_implementation=impl)).eval()
+        for impl in ("sdpa", "eager")
     }
     models["eager"].load_state_dict(models["sdpa"].state_dict())
     ids = torch.randint(0, CONFIG["vocab_size"], (4, 96))
@@ -91,7 +92,10 @@ def main() -> None:
     mask[3, 20:] = 0
     short = (ids[:, :60], mask[:, :60])
     rows: list[list[str]] = []
-    with tempfile.TemporaryDirectory() as folder, Peer(python, PEER_SOURCE, threads=args.threads).start() as peer:
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        Peer(python, PEER_SOURCE, threads=args.threads).start() as peer,
+    ):
         try:
             info = peer.wait_ready()
         except PeerError as error:
@@ -114,7 +118,9 @@ def main() -> None:
                     out = model(input_ids=batch_ids, attention_mask=batch_mask).logits.float()
                     if surgery == "alibi":  # ours lengthened the buffer: the token types are not needed
                         given = model(
-                            input_ids=batch_ids, attention_mask=batch_mask, token_type_ids=torch.zeros_like(batch_ids)
+                            input_ids=batch_ids,
+                            attention_mask=batch_mask,
+                            token_type_ids=torch.zeros_like(batch_ids),
                         ).logits.float()
                         assert torch.equal(out, given)
                 cells.append(f"{(out - theirs)[keep].abs().max().item():.2e}")

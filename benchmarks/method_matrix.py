@@ -136,7 +136,9 @@ def _cell(row: str, method: str, steps: int, baseline: tuple[nn.Module, Any]) ->
     outcome = "changes" if changed else ("warned" if said else "SILENT")
     return {
         "outcome": outcome,
-        "message": said[0].splitlines()[0] if said and not changed else (said[0].splitlines()[0] if said else ""),
+        "message": said[0].splitlines()[0]
+        if said and not changed
+        else (said[0].splitlines()[0] if said else ""),
         "seconds": time.perf_counter() - start,
     }
 

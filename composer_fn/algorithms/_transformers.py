@@ -113,7 +113,9 @@ class ZeroPositions(nn.Module):
 
     zero: Tensor
 
-    def __init__(self, dim: int, *, dtype: torch.dtype | None = None, device: torch.device | None = None) -> None:
+    def __init__(
+        self, dim: int, *, dtype: torch.dtype | None = None, device: torch.device | None = None
+    ) -> None:
         super().__init__()
         self.dim = dim
         self.register_buffer("zero", torch.zeros(dim, dtype=dtype, device=device), persistent=False)
@@ -225,7 +227,9 @@ def _eager_function(module: nn.Module) -> Callable[..., Any]:
         function = getattr(sys.modules.get(cls.__module__), "eager_attention_forward", None)
         if function is not None:
             return function  # type: ignore[no-any-return]
-    raise TypeError(f"{type(module).__name__}'s module defines no eager_attention_forward to add ALiBi's bias to")
+    raise TypeError(
+        f"{type(module).__name__}'s module defines no eager_attention_forward to add ALiBi's bias to"
+    )
 
 
 def _with_bias(

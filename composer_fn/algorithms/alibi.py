@@ -209,8 +209,9 @@ def apply_alibi(model: nn.Module, max_sequence_length: int) -> nn.Module:
     embedding, removed, and their ``sdpa`` or ``eager`` attention given the bias; other model types are refused).
     A model without ``blocks`` comes back as an unchanged copy with a warning, as from every surgery that finds
     nothing to replace; blocks that break the protocol raise a TypeError naming the missing attribute. The copy
-    accepts sequences up to ``max_sequence_length`` (its ``max_seq_len``, or ``config.max_position_embeddings``). Applying it to a model that already has ALiBi only sets that length. No parameter
-    is drawn, so no key is needed. Composer's ``apply_alibi`` leaves batches alone too: the shorter training
+    accepts sequences up to ``max_sequence_length`` (its ``max_seq_len``, or ``config.max_position_embeddings``).
+    Applying it to a model that already has ALiBi only sets that length. No parameter is drawn, so no key is
+    needed. Composer's ``apply_alibi`` leaves batches alone too: the shorter training
     rows are ``scale_batch_sequence_length`` (the ``Alibi`` algorithm does both).
     """
     max_sequence_length = validate.integer("max_sequence_length", max_sequence_length, minimum=1)

@@ -36,7 +36,9 @@ def _transformers() -> Any:
     return transformers
 
 
-def tiny_gpt2(seed: int = 0, *, attn_implementation: str = "sdpa", dropout: float = 0.0, positions: int = 32) -> Any:
+def tiny_gpt2(
+    seed: int = 0, *, attn_implementation: str = "sdpa", dropout: float = 0.0, positions: int = 32
+) -> Any:
     """Returns a ``GPT2LMHeadModel``: 2 layers, width 32, 4 heads, ``positions`` positions."""
     t = _transformers()
     torch.manual_seed(seed)
@@ -55,14 +57,21 @@ def _bert_config(attn_implementation: str, dropout: float, positions: int, **ext
     )  # fmt: skip
 
 
-def tiny_bert_mlm(seed: int = 0, *, attn_implementation: str = "sdpa", dropout: float = 0.0, positions: int = 32) -> Any:
+def tiny_bert_mlm(
+    seed: int = 0, *, attn_implementation: str = "sdpa", dropout: float = 0.0, positions: int = 32
+) -> Any:
     """Returns a ``BertForMaskedLM``: 2 layers, width 32, 4 heads."""
     torch.manual_seed(seed)
     return _transformers().BertForMaskedLM(_bert_config(attn_implementation, dropout, positions))
 
 
 def tiny_bert_classifier(
-    seed: int = 0, *, attn_implementation: str = "sdpa", dropout: float = 0.0, positions: int = 32, num_labels: int = 3
+    seed: int = 0,
+    *,
+    attn_implementation: str = "sdpa",
+    dropout: float = 0.0,
+    positions: int = 32,
+    num_labels: int = 3,
 ) -> Any:
     """Returns a ``BertForSequenceClassification`` of ``num_labels`` classes: 2 layers, width 32, 4 heads."""
     torch.manual_seed(seed)
@@ -70,7 +79,9 @@ def tiny_bert_classifier(
     return _transformers().BertForSequenceClassification(config)
 
 
-def tiny_llama(seed: int = 0, *, attn_implementation: str = "sdpa", dropout: float = 0.0, positions: int = 32) -> Any:
+def tiny_llama(
+    seed: int = 0, *, attn_implementation: str = "sdpa", dropout: float = 0.0, positions: int = 32
+) -> Any:
     """Returns a ``LlamaForCausalLM``: 2 layers, width 32, 4 query heads sharing 2 key-value heads."""
     t = _transformers()
     torch.manual_seed(seed)

@@ -42,7 +42,10 @@ TOKENS = sorted(n for n in REGISTRY if settings_for(n).modality == "tokens") + [
 def _images(image_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(0)
     return [
-        (torch.rand(4, 3, image_size, image_size, generator=generator), torch.randint(0, 10, (4,), generator=generator))
+        (
+            torch.rand(4, 3, image_size, image_size, generator=generator),
+            torch.randint(0, 10, (4,), generator=generator),
+        )
         for _ in range(3)
     ]
 
@@ -88,7 +91,9 @@ def _skip_a_surgery_without_layers(algorithm: Any, on: Callable[[], tuple[Any, A
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("model", ["timm/efficientnet_b0", "torchvision/convnext_tiny"])
 @pytest.mark.parametrize("name", IMAGE)
-def test_an_image_algorithm_honours_the_contract_on_a_third_party_network(name: str, model: str, check: Any) -> None:
+def test_an_image_algorithm_honours_the_contract_on_a_third_party_network(
+    name: str, model: str, check: Any
+) -> None:
     _skip_a_surgery_without_layers(example(name), _vision(model), check)
     check(example(name), on=_vision(model))
 
@@ -96,7 +101,9 @@ def test_an_image_algorithm_honours_the_contract_on_a_third_party_network(name: 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("model", ["gpt2", "bert-mlm", "llama"])
 @pytest.mark.parametrize("name", TOKENS)
-def test_a_language_algorithm_honours_the_contract_on_a_hugging_face_model(name: str, model: str, check: Any) -> None:
+def test_a_language_algorithm_honours_the_contract_on_a_hugging_face_model(
+    name: str, model: str, check: Any
+) -> None:
     _skip_a_surgery_without_layers(example(name), _language(model), check)
     check(example(name), on=_language(model))
 
@@ -105,9 +112,13 @@ def test_a_language_algorithm_honours_the_contract_on_a_hugging_face_model(name:
 def test_a_compiled_gpt2_step_with_the_nlp_methods_together_equals_the_eager_one() -> None:
     # One compiled run for the four (each compile costs seconds): ALiBi's rows, the gated feed-forward, the
     # low-precision norms and the warm-up's shorter sequences, through aot_eager, against the eager steps.
-    algorithms = [example(n) for n in ("alibi", "gated_linear_units", "low_precision_layernorm", "seq_length_warmup")]
+    algorithms = [
+        example(n) for n in ("alibi", "gated_linear_units", "low_precision_layernorm", "seq_length_warmup")
+    ]
     eager, eager_losses = train_steps(make_setup(algorithms, **_setup(_language("gpt2"))))
-    compiled, compiled_losses = train_steps(make_setup(algorithms, **_setup(_language("gpt2"))), compile_backend="aot_eager")
+    compiled, compiled_losses = train_steps(
+        make_setup(algorithms, **_setup(_language("gpt2"))), compile_backend="aot_eager"
+    )
     torch.testing.assert_close(torch.stack(compiled_losses), torch.stack(eager_losses), rtol=1e-6, atol=1e-6)
     for name in eager.params:
         torch.testing.assert_close(compiled.params[name], eager.params[name], rtol=1e-5, atol=1e-6)

@@ -56,7 +56,9 @@ def test_alibi_gives_sdpa_and_eager_attention_the_same_bias(name: str) -> None:
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 @pytest.mark.parametrize("name", MODELS)
-def test_alibi_removes_positions_adds_the_bias_and_leaves_the_model_untouched(name: str, implementation: str) -> None:
+def test_alibi_removes_positions_adds_the_bias_and_leaves_the_model_untouched(
+    name: str, implementation: str
+) -> None:
     model = language_model(name, attn_implementation=implementation)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rewritten = apply_alibi(model, 64)
@@ -76,18 +78,24 @@ def test_alibi_removes_positions_adds_the_bias_and_leaves_the_model_untouched(na
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 @pytest.mark.parametrize("name", MODELS)
-def test_alibi_models_ignore_padding_and_causal_ones_never_see_the_future(name: str, implementation: str) -> None:
+def test_alibi_models_ignore_padding_and_causal_ones_never_see_the_future(
+    name: str, implementation: str
+) -> None:
     model = apply_alibi(language_model(name, attn_implementation=implementation), 64)
     batch = _batch()
     changed = dict(batch, input_ids=batch["input_ids"].masked_fill(batch["attention_mask"] == 0, 7))
     keep = batch["attention_mask"].bool()
-    torch.testing.assert_close(_outputs(model, batch)[keep], _outputs(model, changed)[keep], rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        _outputs(model, batch)[keep], _outputs(model, changed)[keep], rtol=0, atol=1e-6
+    )
     if name in CAUSAL:
         full = {k: v[:, :30] for k, v in _batch().items()}
         full["attention_mask"] = torch.ones_like(full["attention_mask"])
         future = dict(full, input_ids=full["input_ids"].clone())
         future["input_ids"][:, 20:] = 5
-        torch.testing.assert_close(_outputs(model, full)[:, :20], _outputs(model, future)[:, :20], rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            _outputs(model, full)[:, :20], _outputs(model, future)[:, :20], rtol=0, atol=1e-6
+        )
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
@@ -148,11 +156,18 @@ def test_gated_linear_units_gate_bert_and_gpt2_keeping_the_layers_after_the_gate
     change = sum(p.numel() for p in rewritten.parameters()) - sum(p.numel() for p in model.parameters())
     d_ff = 128 if name == "gpt2" else 64
     assert change == 2 * feed_forward_parameter_change(32, d_ff)
-    kept = "transformer.h.0.mlp.c_proj.weight" if name == "gpt2" else "bert.encoder.layer.0.output.dense.weight"
+    kept = (
+        "transformer.h.0.mlp.c_proj.weight" if name == "gpt2" else "bert.encoder.layer.0.output.dense.weight"
+    )
     assert torch.equal(rewritten.state_dict()[kept], model.state_dict()[kept])
     again = apply_gated_linear_units(model, key=R.key(3))
-    assert all(torch.equal(a, b) for a, b in zip(rewritten.state_dict().values(), again.state_dict().values(), strict=True))
-    other = [m for m in apply_gated_linear_units(model, key=R.key(4)).modules() if isinstance(m, GatedIntermediate)]
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(rewritten.state_dict().values(), again.state_dict().values(), strict=True)
+    )
+    other = [
+        m for m in apply_gated_linear_units(model, key=R.key(4)).modules() if isinstance(m, GatedIntermediate)
+    ]
     assert not torch.equal(gated[0].gate.weight, other[0].gate.weight)
     batch = token_batches(1, kind="classification" if name != "gpt2" else "causal")[0]
     assert torch.isfinite(rewritten(**batch).loss)

@@ -29,7 +29,9 @@ def _trainer(model: nn.Module, batches: list[Any], algorithms: list[Any], **opti
 
 @pytest.mark.parametrize("method", [MixUp(), CutOut()], ids=["mixup", "cutout"])
 def test_an_image_method_on_token_batches_is_refused_naming_it_and_the_batch(method: Any) -> None:
-    with pytest.raises(ValueError, match=rf"{type(method).__name__}\(input_key=0\).*'input_ids', 'attention_mask'"):
+    with pytest.raises(
+        ValueError, match=rf"{type(method).__name__}\(input_key=0\).*'input_ids', 'attention_mask'"
+    ):
         _trainer(tiny_gpt2(), token_batches(2), [method]).fit()
 
 
@@ -94,7 +96,9 @@ def test_swa_and_layer_freezing_warn_when_the_run_is_too_short_for_them_and_not_
     batches = [(torch.randn(4, 8), torch.randint(0, 3, (4,))) for _ in range(2)]
     with pytest.warns(UserWarning, match="SWA.*takes in one set of weights only"):
         _trainer(nn.Linear(8, 3), batches, [SWA()], max_duration="2ep")
-    with pytest.warns(UserWarning, match=r"LayerFreezing\(freeze_start=0.5\) in a run of 2 epoch\(s\) freezes no layer"):
+    with pytest.warns(
+        UserWarning, match=r"LayerFreezing\(freeze_start=0.5\) in a run of 2 epoch\(s\) freezes no layer"
+    ):
         _trainer(nn.Linear(8, 3), batches, [LayerFreezing()], max_duration="2ep")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -109,5 +113,7 @@ def test_colout_on_a_vision_transformer_of_one_input_size_is_refused_before_the_
 
     model = VisionTransformer(16, 4, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=3)
     batches = [(torch.rand(4, 3, 16, 16), torch.randint(0, 3, (4,))) for _ in range(2)]
-    with pytest.raises(ValueError, match=r"ColOut drops rows and columns.*VisionTransformer accepts only 16x16"):
+    with pytest.raises(
+        ValueError, match=r"ColOut drops rows and columns.*VisionTransformer accepts only 16x16"
+    ):
         _trainer(model, batches, [ColOut()]).fit()
