@@ -18,6 +18,7 @@ Nothing here imports ``transformers`` until a model of its own is met (its class
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -203,6 +204,23 @@ def alibi_attention_name(implementation: str | None) -> str:
         )
     _register()
     return _ALIBI_PREFIX + implementation
+
+
+def check_attention_interface(module: nn.Module) -> None:
+    """Raises ValueError unless ``module``'s forward calls transformers' attention interface, through which ALiBi
+    adds its bias (older releases of some models compute attention in a forward of their own, which would leave
+    the model without position information and without the bias)."""
+    forward = getattr(type(module), "forward", None)
+    # Under its decorators (transformers wraps some forwards to rename deprecated arguments).
+    names = getattr(getattr(inspect.unwrap(forward), "__code__", None), "co_names", ()) if forward else ()
+    if "ALL_ATTENTION_FUNCTIONS" not in names:
+        import transformers  # noqa: PLC0415
+
+        raise ValueError(
+            f"{type(module).__name__}.forward of transformers {transformers.__version__} computes attention itself, "
+            "not through transformers' attention interface, so ALiBi cannot give it a bias; use a transformers "
+            "release whose model calls ALL_ATTENTION_FUNCTIONS (BERT does from 4.54, GPT-2 and Llama from 4.53)"
+        )
 
 
 def _register() -> None:

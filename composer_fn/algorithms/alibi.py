@@ -152,6 +152,7 @@ def _transformers_targets(model: nn.Module) -> frozenset[str]:
             elif isinstance(module._modules.get(layout.position_attribute), nn.Embedding):
                 names.add(f"{name}.{layout.position_attribute}".lstrip("."))
         elif hf.class_named(module, layout.attention) and "alibi" not in module._modules:
+            hf.check_attention_interface(module)
             names.add(f"{name}.alibi")
     return frozenset(names)
 
@@ -174,6 +175,16 @@ def _apply_alibi_transformers(model: Any, max_sequence_length: int, selected: fr
             )
         else:
             replacements[name] = hf.NoRotation(2 * int(old.inv_freq.numel()))
+    for name in targets:
+        owner = model.get_submodule(name.rpartition(".")[0]) if name.endswith(".alibi") else None
+        cap = getattr(owner, "bias", None) if owner is not None else None
+        if isinstance(cap, Tensor) and cap.dtype == torch.bool and cap.dim() == 4 and cap.shape[-1] < max_sequence_length:
+            # Older GPT-2 releases mask causally with a buffer of the model's positions, in the eager path too.
+            raise ValueError(
+                f"max_sequence_length={max_sequence_length}: {type(owner).__name__} of this transformers release masks "
+                f"causally with a buffer of {cap.shape[-1]} positions, so it cannot read longer rows; use "
+                f"max_sequence_length <= {cap.shape[-1]}, or a transformers release without that buffer (5.x)"
+            )
     rewritten = replace_modules(model, replacements)
     heads = int(model.config.num_attention_heads)
     for name in sorted(t for t in targets if t.endswith(".alibi")):

@@ -231,3 +231,24 @@ def test_surgered_language_models_train_and_resume_from_a_checkpoint(name: str, 
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
     assert any(isinstance(m, AlibiBias) for m in whole.model.modules())
+
+
+def test_alibi_refuses_attention_of_older_releases_that_it_could_not_give_a_bias() -> None:
+    # transformers releases whose attention forward computes the scores itself (BERT before it called the
+    # attention interface), or whose GPT-2 masks with a buffer of its positions, are refused, not left silent.
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+
+    class OwnAttention(GPT2Attention):
+        def forward(self, *args: object, **kwargs: object) -> object:
+            return nn.Module.__call__  # a forward that never reaches the interface
+
+    model = language_model("gpt2")
+    model.transformer.h[0].attn.__class__ = OwnAttention
+    with pytest.raises(ValueError, match="OwnAttention.forward of transformers .* computes attention itself"):
+        apply_alibi(model, 64)
+    capped = language_model("gpt2")
+    for block in capped.transformer.h:
+        block.attn.register_buffer("bias", torch.ones(1, 1, 32, 32, dtype=torch.bool).tril(), persistent=False)
+    with pytest.raises(ValueError, match=r"max_sequence_length=64: GPT2Attention .* buffer of 32 positions"):
+        apply_alibi(capped, 64)
+    assert sum(isinstance(m, AlibiBias) for m in apply_alibi(capped, 32).modules()) == 2
