@@ -32,9 +32,12 @@ def evaluate(
     on_event: Callable[[Event], None],
     reduce: Reduce | None = None,
     gather: Callable[[list[float]], list[float]] | None = None,
+    per_position: bool = False,
 ) -> dict[str, float]:
     """Returns ``accuracy`` (multiclass, micro: correct over labelled positions) and ``loss`` (the batches'
-    losses weighted by their sizes) of ``state``.
+    losses weighted by their sizes; with ``per_position``, a loss that averages over labelled positions, as the
+    default loss does, by their labelled positions: a language model's mean over its tokens, however its rows are
+    batched) of ``state``.
 
     ``step`` maps ``(state, batch)`` to outputs, a tensor of logits or a record holding ``logits`` (a
     ``transformers`` output; ``causal``: a causal language model's, whose logits at ``t`` predict the target at
@@ -61,7 +64,8 @@ def evaluate(
             correct += ((predictions.argmax(1) == target) & mask).sum()
             labelled += mask.sum()
             samples += target.shape[0]
-            losses.append(loss_fn(_in_fp32(outputs), batch).double() * target.shape[0])
+            weight = mask.sum() if per_position else target.shape[0]
+            losses.append(loss_fn(_in_fp32(outputs), batch).double() * weight)
         on_event(Event.EVAL_BATCH_END)
     counts = [correct, labelled, samples]
     if reduce is not None:
@@ -74,7 +78,7 @@ def evaluate(
         raise ValueError("eval_dataloader yielded no batch: an evaluation needs at least one")
     return {
         "accuracy": correct_count / labelled_count if labelled_count else 0.0,
-        "loss": math.fsum(weighted) / sample_count,
+        "loss": math.fsum(weighted) / (labelled_count if per_position else sample_count),
     }
 
 

@@ -1178,6 +1178,7 @@ class Trainer:
             causal=self._causal,
             reduce=distributed.all_reduce_sum if self.world.size > 1 else None,
             gather=self.world.gather if self.world.size > 1 else None,
+            per_position=self._default_loss,
         )
         return {f"eval/{evaluator.label}/{name}": value for name, value in results.items()}
 

@@ -216,3 +216,23 @@ def test_a_padded_language_model_batch_cut_into_microbatches_trains_as_the_whole
         cut = run(device_train_microbatch_size=size)
         for name, value in whole.items():
             torch.testing.assert_close(cut[name], value, rtol=0, atol=1e-6)
+
+
+def test_a_language_models_evaluation_loss_is_its_mean_over_tokens_however_its_rows_are_batched() -> None:
+    rows = token_batches(1, batch_size=6, length=16, seed=9)[0]
+    model = language_model("gpt2")
+
+    def loss(splits: list[tuple[int, int]]) -> float:
+        held_out = [{name: item[start:end] for name, item in rows.items()} for start, end in splits]
+        trainer = Trainer(
+            copy.deepcopy(model), token_batches(1), eval_dataloader=Evaluator("held_out", held_out),
+            max_duration="1ba", optimizer=optim.sgd(0.0), progress_bar=False,
+        )  # fmt: skip
+        return trainer.eval()["eval/held_out/loss"]
+
+    whole = loss([(0, 6)])
+    with torch.no_grad():
+        expected = float(model.eval()(**rows).loss)
+    assert whole == pytest.approx(expected, abs=1e-6)
+    assert loss([(0, 1), (1, 6)]) == pytest.approx(whole, abs=1e-6)
+    assert loss([(0, 2), (2, 3), (3, 6)]) == pytest.approx(whole, abs=1e-6)
