@@ -9,8 +9,10 @@ BEFORE_LOSS it mixes the targets, or at BEFORE_BACKWARD it interpolates the loss
 targets.
 
 Class index -100 (``IGNORE_INDEX``) marks an example or position without a target: its one-hot row is zeros,
-so a mixed row holds only the partner's share, and with ``interpolate_loss`` the loss skips it as
-``F.cross_entropy`` does. The number of classes is read from the model's logits (the ``logits`` of a mapping
+so a mixed row holds only the partner's share, and the mixed targets are scaled so that the mean over every
+position (what cross-entropy with probabilities takes) is the mean over the mass they hold, as
+``F.cross_entropy``'s ``ignore_index`` averages over the labelled positions; with ``interpolate_loss`` the loss
+skips it as ``F.cross_entropy`` does. The number of classes is read from the model's logits (the ``logits`` of a mapping
 output such as a Hugging Face ``ModelOutput``). A model whose output holds its own loss computed that loss inside
 its forward from the unmixed labels, which mixing cannot reach; for such a model the step's loss is the
 cross-entropy of its logits ``[B, C]`` against the mixed targets (or, with ``interpolate_loss``, the partner's
@@ -27,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from composer_fn.algorithms._targets import model_logits
+from composer_fn.algorithms._targets import IGNORE_INDEX, class_dimension, model_logits
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Capabilities, Hook, HostHook
@@ -175,6 +177,8 @@ class LabelMixing(Algorithm, Generic[_P]):
             # A target of the logits' shape holds probabilities (an integer one-hot target), as in Composer.
             target = target.to(torch.float32)
         mixed = self.mix_targets(target, input, ctx.scratch[self.name], logits.shape[1])
+        if not target.is_floating_point():
+            mixed = _over_labelled_mass(mixed, target, class_dimension(logits, target))
         ctx = ctx.replace(batch=batch_set(ctx.batch, target_key_of(ctx.batch, self.target_key), mixed))
         if _holds_own_loss(ctx.outputs):
             ctx = ctx.replace(loss_fn=functools.partial(_logits_cross_entropy, target_key_of(ctx.batch, self.target_key)))
@@ -189,6 +193,18 @@ class LabelMixing(Algorithm, Generic[_P]):
         if _holds_own_loss(ctx.outputs):
             loss_fn = functools.partial(_logits_cross_entropy, target_key_of(ctx.batch, self.target_key))
         return state, ctx.replace(loss=self.mix_losses(ctx.loss, loss_fn(ctx.outputs, partners), pairing))
+
+
+def _over_labelled_mass(mixed: Tensor, target: Tensor, dim: int) -> Tensor:
+    # Ignored positions (-100) carry no probability mass, or only their partner's share: scaled so that the
+    # mean over every position, which cross-entropy with probabilities takes, is the mean over the mass there
+    # is, as cross-entropy's ignore_index averages over the labelled positions only. Without an ignored label
+    # the factor is exactly 1.
+    mass = mixed.sum(dim)
+    scale = torch.where(
+        (target == IGNORE_INDEX).any(), mass.numel() / mass.sum().clamp(min=1e-12), torch.ones((), device=mass.device)
+    )
+    return mixed * scale
 
 
 def _holds_own_loss(outputs: Any) -> bool:

@@ -294,3 +294,27 @@ def test_fixed_input_sizes_are_read_from_what_the_models_declare() -> None:
     strict = timm.models.vision_transformer.VisionTransformer(**kwargs)
     assert fixed_input_size(strict) == ("patch_embed", (32, 32))
     assert fixed_input_size(timm.models.vision_transformer.VisionTransformer(dynamic_img_size=True, **kwargs)) is None
+
+
+def test_mixed_dense_targets_average_over_the_labelled_positions_not_the_ignored_ones() -> None:
+    # A band of positions ignored in every sample adds nothing: the loss equals the one on the map without it
+    # (before, it was scaled down by the band's share of the map).
+    images = R.uniform(R.key(0), (4, 1, 6, 8))
+    targets = R.randint(R.key(1), 0, 3, (4, 6, 8))
+    targets[:, :, 5:] = -100
+    targets[1, 0, :2] = -100
+    logits = R.normal(R.key(2), (4, 3, 6, 8))
+    mixing = MixUp(alpha=1.0)
+    _, pairing = mixing.mix_inputs(R.key(3), images, torch.tensor(0.3))
+
+    def loss(width: int) -> torch.Tensor:
+        batch = (images[..., :width], targets[..., :width])
+        ctx = _ctx(batch, logits[..., :width]).with_scratch(mixing.name, pairing)
+        _, ctx = mixing._mix_targets(_STATE, ctx)
+        return F.cross_entropy(logits[..., :width], ctx.batch[1])
+
+    torch.testing.assert_close(loss(8), loss(5))
+    # Without an ignored label the targets are those of before, bitwise: the factor is exactly 1.
+    clean = (images, targets.clamp(min=0))
+    _, ctx = mixing._mix_targets(_STATE, _ctx(clean, logits).with_scratch(mixing.name, pairing))
+    assert torch.equal(ctx.batch[1], mixing.mix_targets(clean[1], images, pairing, 3))
