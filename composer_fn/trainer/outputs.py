@@ -88,18 +88,31 @@ def logits_of(outputs: Any) -> Any:
     return outputs if logits is None else logits
 
 
-def settle_loss_function(module: nn.Module) -> None:
-    """Resolves, once and eagerly, the loss function of each Hugging Face model in ``module``.
+def settle_loss_function(module: nn.Module) -> nn.Module:
+    """Returns ``module``, or, where it holds a Hugging Face model whose loss function is not yet resolved, a copy
+    sharing its tensors in which that function is resolved, once and eagerly; ``module`` is left as it is.
 
     ``transformers`` picks a model's loss on first use from its class name, and logs a warning where the name
-    says none (GPT-2's ``GPT2LMHeadModel``): a logging call that a compiled step cannot hold. Cached here
-    (``loss_function``'s own setter, the same function the model would pick), the step finds it without
-    logging. Other modules are left alone.
+    says none (GPT-2's ``GPT2LMHeadModel``): a logging call that a compiled step cannot hold. Cached in the copy
+    (``loss_function``'s own setter, the same function the model would pick), the step finds it without logging.
     """
-    for part in module.modules():
-        if "_loss_function" not in vars(part) and isinstance(getattr(type(part), "loss_function", None), property):
-            if any(cls.__module__.startswith("transformers.") for cls in type(part).__mro__):
-                part.loss_function = part.loss_function
+
+    def unsettled(part: nn.Module) -> bool:
+        return (
+            "_loss_function" not in vars(part)
+            and isinstance(getattr(type(part), "loss_function", None), property)
+            and any(cls.__module__.startswith("transformers.") for cls in type(part).__mro__)
+        )
+
+    if not any(unsettled(part) for part in module.modules()):
+        return module
+    from composer_fn.algorithms._surgery import shared_copy  # noqa: PLC0415 (only for transformers models)
+
+    settled = shared_copy(module)
+    for part in settled.modules():
+        if unsettled(part):
+            part.loss_function = part.loss_function
+    return settled
 
 
 def is_causal_lm(module: nn.Module) -> bool:

@@ -259,7 +259,7 @@ def make_train_step(
     """
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"grad_mode={grad_mode!r} must be one of {', '.join(GRAD_MODES)}")
-    settle_loss_function(static.module)
+    static = static.replace(module=settle_loss_function(static.module))
     scaler = loss_scale if loss_scale is not None else (DynamicLossScale() if static.precision == "fp16-mixed" else None)
     slots = ModuleSlots(static.module) if grad_mode == "autograd" else None
     key_names = forward_key_names(static.module)

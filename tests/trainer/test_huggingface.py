@@ -236,3 +236,14 @@ def test_a_language_models_evaluation_loss_is_its_mean_over_tokens_however_its_r
     assert whole == pytest.approx(expected, abs=1e-6)
     assert loss([(0, 1), (1, 6)]) == pytest.approx(whole, abs=1e-6)
     assert loss([(0, 2), (2, 3), (3, 6)]) == pytest.approx(whole, abs=1e-6)
+
+
+def test_resolving_a_gpt2_s_loss_function_for_the_step_leaves_the_given_model_as_it_is() -> None:
+    from composer_fn.trainer.outputs import settle_loss_function
+
+    model = language_model("gpt2")
+    settled = settle_loss_function(model)
+    assert "_loss_function" not in vars(model) and "_loss_function" in vars(settled)
+    assert all(a is b for a, b in zip(model.parameters(), settled.parameters(), strict=True))
+    plain = torch.nn.Linear(2, 2)
+    assert settle_loss_function(plain) is plain
