@@ -9,6 +9,9 @@ generator from ``seed`` first, so the same call gives the same weights; it impor
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,18 +33,33 @@ VOCAB = 64
 """The vocabulary of every tiny language model; token 0 is the pad."""
 
 
+def _seeded(build: Callable[..., Any]) -> Callable[..., Any]:
+    # Runs ``build`` with the global generator forked and seeded from its ``seed`` argument, then restored.
+    signature = inspect.signature(build)
+
+    @functools.wraps(build)
+    def seeded(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(bound.arguments["seed"])
+            return build(*args, **kwargs)
+
+    return seeded
+
+
 def _transformers() -> Any:
     import transformers  # noqa: PLC0415 (an optional extra, imported on use)
 
     return transformers
 
 
+@_seeded
 def tiny_gpt2(
     seed: int = 0, *, attn_implementation: str = "sdpa", dropout: float = 0.0, positions: int = 32
 ) -> Any:
     """Returns a ``GPT2LMHeadModel``: 2 layers, width 32, 4 heads, ``positions`` positions."""
     t = _transformers()
-    torch.manual_seed(seed)
     config = t.GPT2Config(
         n_layer=2, n_head=4, n_embd=32, vocab_size=VOCAB, n_positions=positions, bos_token_id=0, eos_token_id=0,
         resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, attn_implementation=attn_implementation,
@@ -57,14 +75,15 @@ def _bert_config(attn_implementation: str, dropout: float, positions: int, **ext
     )  # fmt: skip
 
 
+@_seeded
 def tiny_bert_mlm(
     seed: int = 0, *, attn_implementation: str = "sdpa", dropout: float = 0.0, positions: int = 32
 ) -> Any:
     """Returns a ``BertForMaskedLM``: 2 layers, width 32, 4 heads."""
-    torch.manual_seed(seed)
     return _transformers().BertForMaskedLM(_bert_config(attn_implementation, dropout, positions))
 
 
+@_seeded
 def tiny_bert_classifier(
     seed: int = 0,
     *,
@@ -74,17 +93,16 @@ def tiny_bert_classifier(
     num_labels: int = 3,
 ) -> Any:
     """Returns a ``BertForSequenceClassification`` of ``num_labels`` classes: 2 layers, width 32, 4 heads."""
-    torch.manual_seed(seed)
     config = _bert_config(attn_implementation, dropout, positions, num_labels=num_labels)
     return _transformers().BertForSequenceClassification(config)
 
 
+@_seeded
 def tiny_llama(
     seed: int = 0, *, attn_implementation: str = "sdpa", dropout: float = 0.0, positions: int = 32
 ) -> Any:
     """Returns a ``LlamaForCausalLM``: 2 layers, width 32, 4 query heads sharing 2 key-value heads."""
     t = _transformers()
-    torch.manual_seed(seed)
     config = t.LlamaConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
         vocab_size=VOCAB, max_position_embeddings=positions, attention_dropout=dropout, pad_token_id=0,
@@ -160,6 +178,7 @@ VISION_MODELS = (
 """The vision models ``vision_model`` builds, as ``library/name``."""
 
 
+@_seeded
 def vision_model(name: str, seed: int = 0, *, num_classes: int = 10) -> nn.Module:
     """Returns the model ``name`` (one of ``VISION_MODELS``) with random weights and ``num_classes`` outputs.
 
@@ -169,7 +188,6 @@ def vision_model(name: str, seed: int = 0, *, num_classes: int = 10) -> nn.Modul
     if name not in VISION_MODELS:
         raise ValueError(f"name={name!r} must be one of {', '.join(VISION_MODELS)}")
     library, _, architecture = name.partition("/")
-    torch.manual_seed(seed)
     if library == "torchvision":
         import torchvision  # noqa: PLC0415
 
