@@ -20,10 +20,12 @@ demo: $(STAMP)
 	$(BIN)/composer-fn report runs/demo
 
 # Fashion-MNIST from disk (apt-get install dataset-fashion-mnist, or DATA_DIR=<torchvision root>): two epochs of
-# the mild recipe, then the run's report.
+# the mild recipe (bf16 autocast; fp32 on a CPU without bf16 instructions, where autocast is slower), then the
+# run's report.
 demo-fashion: $(STAMP)
 	rm -f runs/fashion/log.jsonl
 	$(BIN)/composer-fn train --config recipes/fashion-mnist-mild.toml --max-duration 2ep --log-interval 50ba \
+		--precision $$($(BIN)/python -c "import torch; print('bf16-mixed' if torch.ops.mkldnn._is_mkldnn_bf16_supported() else 'fp32')") \
 		--log-file runs/fashion/log.jsonl --save-folder runs/fashion $(if $(DATA_DIR),--data-dir $(DATA_DIR),)
 	$(BIN)/composer-fn report runs/fashion
 

@@ -13,7 +13,9 @@ Two measurements:
 - ``--timing``: the baseline for ``--epochs`` epochs per contender, ``--rounds`` rounds in rotating order; the
   wall time of ``fit`` (its one evaluation included) over the epochs, and the held-out accuracy.
 - ``--recipe FILE``: the recipe's methods on our Trainer and, translated one for one, on Composer's Trainer
-  (``--seeds`` each, at ``--scale-schedule-ratio``); accuracies and wall times. The hand loop runs the baseline only.
+  (``--seeds`` each, at ``--scale-schedule-ratio``); accuracies and wall times. A recipe in bf16 autocast
+  (``precision = "bf16-mixed"``) runs on Composer's Trainer with the network's forward wrapped in CPU autocast,
+  since that Trainer refuses ``precision="amp_bf16"`` on a CPU. The hand loop runs the baseline only.
 
 The peer runs in its own interpreter (``../shared/tools/peer-env.sh`` builds it); without it the Composer column
 is skipped. Both cores by default (``--threads 2``); run it alone on the machine.
@@ -172,7 +174,19 @@ def peer_hand_loop(path, **kwargs):
     return hand_loop(_data(path), **kwargs)
 
 
-def composer_run(path, epochs, ratio, lr, batch_size, seed, padding, fill, algorithms):
+# Runs the module under CPU bf16 autocast: Composer's Trainer refuses precision="amp_bf16" on a CPU ("not supported
+# for CPU training"), so a bf16 recipe reaches it as a wrapper of the model's forward.
+class CPUAutocast(nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.module(x).float()
+
+
+def composer_run(path, epochs, ratio, lr, batch_size, seed, padding, fill, algorithms, autocast=False):
     import composer.algorithms as ca
     from composer import Trainer
     from composer.models import ComposerClassifier
@@ -189,7 +203,7 @@ def composer_run(path, epochs, ratio, lr, batch_size, seed, padding, fill, algor
     heldout = torch.utils.data.DataLoader(
         Rows(data["heldout_x"], data["heldout_y"]), batch_size=512, collate_fn=lambda rows: rows
     )
-    model = ComposerClassifier(module, num_classes=10)
+    model = ComposerClassifier(CPUAutocast(module) if autocast else module, num_classes=10)
     trainer = Trainer(
         model=model, train_dataloader=train, eval_dataloader=heldout, max_duration=f"{epochs}ep",
         scale_schedule_ratio=ratio, eval_interval=f"{max(1, round(epochs * ratio))}ep",
@@ -286,6 +300,16 @@ def composer_algorithms(recipe: dict[str, Any]) -> list[list[Any]]:
     return found
 
 
+def bf16_recipe(recipe: dict[str, Any]) -> bool:
+    """Returns whether the recipe trains in bf16 autocast (Composer's runs then wrap the forward in it)."""
+    precision = recipe.get("precision", "fp32")
+    if precision not in ("fp32", "bf16-mixed"):
+        raise SystemExit(
+            f"--recipe: precision={precision!r} has no CPU counterpart here; expected fp32 or bf16-mixed"
+        )
+    return precision == "bf16-mixed"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--timing", action="store_true", help="time the baseline on the three trainers")
@@ -375,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
             recipe = _recipe(args.recipe)
             algorithms = composer_algorithms(recipe)
             epochs = int(recipe["max_duration"].removesuffix("ep"))
+            autocast = bf16_recipe(recipe)
             runs: dict[str, list[dict[str, float]]] = {"composer_fn Trainer": [], "Composer Trainer": []}
             for seed in args.seeds:
                 runs["composer_fn Trainer"].append(
@@ -386,11 +411,11 @@ def main(argv: list[str] | None = None) -> int:
                     runs["Composer Trainer"].append(peer.call(
                         "composer_run", path=str(seeded), epochs=epochs, ratio=args.scale_schedule_ratio,
                         lr=recipe["optimizer"]["learning_rate"], batch_size=recipe["batch_size"], seed=seed,
-                        padding=padding, fill=fill, algorithms=algorithms,
+                        padding=padding, fill=fill, algorithms=algorithms, autocast=autocast,
                     ))  # fmt: skip
                     print(f"Composer seed {seed}: {runs['Composer Trainer'][-1]}", flush=True)
             print(f"\n{args.recipe.name} at scale-schedule ratio {args.scale_schedule_ratio}, seeds {args.seeds}: "
-                  f"Composer's algorithms {algorithms}")  # fmt: skip
+                  f"Composer's algorithms {algorithms}{', CPU bf16 autocast' if autocast else ''}")  # fmt: skip
             rows = []
             for name, found in runs.items():
                 if found:

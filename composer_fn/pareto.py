@@ -11,8 +11,11 @@ A sweep file (TOML) names what to run; paths in it are relative to the file::
     [flags]                                # optional: flags for every run, spelled as in recipes
     threads = 1
 
-Run ``<folder>/<recipe>/<length>/seed<k>/`` holds the run's JSON-lines ``log.jsonl``, its checkpoints and, once it
-has finished, ``result.json``. A run with a result is not run again; one without (interrupted) is started with
+Run ``<folder>/<recipe>/<length>/seed<k>/`` holds ``run.json`` (what it trains: its recipe's fields with their base
+chain merged, its length, its seed and the sweep's flags), its JSON-lines ``log.jsonl``, its checkpoints and, once it
+has finished, ``result.json``. A sweep whose run would train something other than its folder's ``run.json`` says
+(an edited recipe, other flags) is refused before any run starts, naming the run and the fields that differ, rather
+than reading or resuming a run of other settings. A run with a result is not run again; one without (interrupted) is started with
 ``--autoresume`` and continues from its newest checkpoint, appending to its log (one that left no checkpoint starts
 over, its log replaced). A run's wall time is the sum of its attempts' training wall times (each attempt's ``fit``
 record; an attempt that was cut short counts up to its last record), so an interrupted run counts the work it redid
@@ -264,12 +267,46 @@ def _write_json(path: Path, value: Any) -> None:
     os.replace(temporary, path)
 
 
+def run_settings(run: RunSpec, flags: dict[str, Any]) -> dict[str, Any]:
+    """Returns what the run trains, as JSON values: its recipe's fields (base chain merged), length, seed, flags."""
+    from composer_fn.recipes import recipe_fields
+
+    settings = {"recipe": recipe_fields(run.recipe), "length": run.length, "seed": run.seed, "flags": flags}
+    return json.loads(json.dumps(settings, sort_keys=True, default=str))
+
+
+_ABSENT = object()
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {key: leaf for name, item in value.items() for key, leaf in _flat(item, f"{prefix}{name}.").items()}
+    return {prefix.removesuffix("."): value}
+
+
+def check_settings(run: RunSpec, flags: dict[str, Any]) -> None:
+    """Raises ``SweepError`` if the run's folder holds a run of other settings than the sweep now gives it."""
+    path = run.folder / "run.json"
+    if not path.is_file():
+        return
+    kept, now = _flat(json.loads(path.read_text(encoding="utf-8"))), _flat(run_settings(run, flags))
+    changed = sorted(key for key in kept.keys() | now.keys() if kept.get(key, _ABSENT) != now.get(key, _ABSENT))
+    if changed:
+        raise SweepError(
+            f"run {run.folder} was made with other settings than the sweep gives it now ({', '.join(changed)} "
+            "differ): remove that folder to run it again, or give the sweep another folder"
+        )
+
+
 def run_one(run: RunSpec, flags: dict[str, Any]) -> Result:
     """Returns the run's result, training it first (or resuming it) unless it has finished."""
+    check_settings(run, flags)
     done = read_result(run)
     if done is not None:
         return done
     run.folder.mkdir(parents=True, exist_ok=True)
+    if not (run.folder / "run.json").is_file():
+        _write_json(run.folder / "run.json", run_settings(run, flags))
     with (run.folder / "output.txt").open("a", encoding="utf-8") as output:
         status = subprocess.call(_command(run, flags), stdout=output, stderr=subprocess.STDOUT)
     if status != 0:
@@ -286,6 +323,8 @@ def run_sweep(
     """Returns every run's result, running the unfinished ones ``jobs`` at a time (finished ones are read)."""
     jobs = validate.integer("jobs", jobs, minimum=1, hint="runs at once")
     runs = sweep.runs()
+    for run in runs:  # every run's settings, before any run starts
+        check_settings(run, sweep.flags)
 
     def one(run: RunSpec) -> Result:
         result = run_one(run, sweep.flags)

@@ -95,6 +95,30 @@ def test_a_second_sweep_skips_finished_runs_and_resumes_an_interrupted_one(swept
     assert resumed is not None and resumed.attempts == 2 and resumed.accuracy == _logged_accuracy(interrupted)
 
 
+def test_a_run_of_other_settings_is_refused_not_read_or_resumed(tmp_path: Path, capsys) -> None:
+    recipe = tmp_path / "plain.toml"
+    recipe.write_text(RECIPE.format(extra=""))
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text('recipes = ["plain.toml"]\nmax_durations = ["2ba"]\nseeds = [0]\nfolder = "out"\n')
+    assert main(["pareto", "--config", str(sweep)]) == 0
+    (run,) = pareto.load_sweep(sweep).runs()
+    finished = (run.folder / "result.json").read_bytes()
+    assert json.loads((run.folder / "run.json").read_text())["recipe"]["optimizer"]["learning_rate"] == 0.2
+    capsys.readouterr()
+    recipe.write_text(RECIPE.format(extra="").replace("0.2", "0.05"))
+    assert main(["pareto", "--config", str(sweep)]) == 2
+    error = capsys.readouterr().err
+    assert str(run.folder) in error and "recipe.optimizer.learning_rate differ" in error
+    assert (run.folder / "result.json").read_bytes() == finished
+    (run.folder / "result.json").unlink()  # interrupted: it is not resumed under the new settings either
+    assert main(["pareto", "--config", str(sweep)]) == 2
+    assert "recipe.optimizer.learning_rate differ" in capsys.readouterr().err
+    sweep.write_text(sweep.read_text() + "[flags]\nthreads = 1\n")
+    recipe.write_text(RECIPE.format(extra=""))
+    assert main(["pareto", "--config", str(sweep)]) == 2
+    assert "flags.threads differ" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
