@@ -12,7 +12,10 @@ loss weighted by its share of the batch and the gradients accumulated before the
   accumulating its gradients over the same microbatches;
 - ``"channels_last"``: the eager step with ``ChannelsLast()``, the reference a loop over torch's own
   channels-last model and inputs (``apply_channels_last``: ``model.to(memory_format=torch.channels_last)``,
-  with the layers the CPU gets wrong in that format kept contiguous, as ChannelsLast keeps them).
+  with the layers the CPU gets wrong in that format kept contiguous, as ChannelsLast keeps them);
+- ``"bf16"``: the eager step with ``precision="bf16-mixed"``, the reference's forward and loss inside
+  ``torch.autocast(dtype=torch.bfloat16)`` on the inputs' device (bf16 moves a parameter's update away from
+  fp32's by far more than the allowance, so a step that dropped or misplaced autocast fails).
 
 ``compare`` measures, parameter by parameter, how far ours ends from the reference relative to how far the
 reference moved. Rounding alone moves fp32 training off exact arithmetic by an amount that depends on the
@@ -52,7 +55,7 @@ __all__ = [
     "compare",
 ]
 
-PATHS: tuple[str, ...] = ("eager", "compiled", "microbatched", "channels_last")
+PATHS: tuple[str, ...] = ("eager", "compiled", "microbatched", "channels_last", "bf16")
 """The training paths ``trainer_result`` runs (see the module docstring)."""
 
 TOLERANCE = 1e-3
@@ -96,13 +99,14 @@ def torch_reference(
     microbatch_size: int | None = None,
     channels_last: bool = False,
     float64: bool = False,
+    bf16: bool = False,
 ) -> dict[str, Tensor]:
     """Returns the parameters by name after a hand-written ``torch.optim`` loop over ``batches``, on a copy.
 
     With ``microbatch_size``, each batch's gradient is accumulated over microbatches of that many samples
     (the last may be smaller), each loss weighted by its samples over the batch's. With ``channels_last``, the
     model is ``apply_channels_last(model)`` and the inputs are channels-last; with ``float64``, the model and
-    inputs are float64.
+    inputs are float64; with ``bf16``, each forward and loss run inside bf16 autocast.
     """
     from composer_fn.algorithms.channels_last import apply_channels_last
 
@@ -121,7 +125,8 @@ def torch_reference(
         size = microbatch_size or len(inputs)
         for start in range(0, len(inputs), size):
             part = slice(start, start + size)
-            loss = F.cross_entropy(trained(inputs[part]), targets[part])
+            with torch.autocast(inputs.device.type, dtype=torch.bfloat16, enabled=bf16):
+                loss = F.cross_entropy(trained(inputs[part]), targets[part])
             (loss * (len(inputs[part]) / len(inputs))).backward()
         steps.step()
     return {name: p.detach().clone() for name, p in trained.named_parameters()}
@@ -153,6 +158,7 @@ def trainer_result(
             optimizer=optimizer.ours(),
             algorithms=[ChannelsLast()] if path == "channels_last" else [],
             compile="aot_eager" if path == "compiled" else False,
+            precision="bf16-mixed" if path == "bf16" else "fp32",
             device_train_microbatch_size=microbatch_size if path == "microbatched" else None,
             progress_bar=False,
         )
@@ -365,14 +371,17 @@ def compare(
         model = case.build()
     batches = image_batches(case, steps, batch_size)
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
-    references: dict[tuple[int | None, bool, bool], dict[str, Tensor]] = {}
+    references: dict[tuple[int | None, bool, bool, bool], dict[str, Tensor]] = {}
 
-    def reference(micro: int | None, channels_last: bool = False, float64: bool = False) -> dict[str, Tensor]:
-        key = (micro, channels_last, float64)
+    def reference(
+        micro: int | None, channels_last: bool = False, float64: bool = False, bf16: bool = False
+    ) -> dict[str, Tensor]:
+        key = (micro, channels_last, float64, bf16)
         if key not in references:
             references[key] = torch_reference(
-                model, batches, optimizer, microbatch_size=micro, channels_last=channels_last, float64=float64
-            )
+                model, batches, optimizer, microbatch_size=micro, channels_last=channels_last, float64=float64,
+                bf16=bf16,
+            )  # fmt: skip
         return references[key]
 
     results = []
@@ -380,6 +389,8 @@ def compare(
         micro = microbatch_size if path == "microbatched" else None
         rounding = update_errors(initial, reference(micro), reference(micro, float64=True))
         ours = trainer_result(model, batches, optimizer, path, microbatch_size=microbatch_size)
-        errors = update_errors(initial, ours, reference(micro, channels_last=path == "channels_last"))
+        errors = update_errors(
+            initial, ours, reference(micro, channels_last=path == "channels_last", bf16=path == "bf16")
+        )
         results.append(Comparison(case.name, optimizer.name, path, errors, rounding))
     return results
