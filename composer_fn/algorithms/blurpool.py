@@ -88,7 +88,8 @@ def blur_2d(input: Tensor, stride: int | tuple[int, int] = 1, filter: Tensor | N
     ``kh`` and ``kw``; the default is ``default_blur_filter()``. The input is zero-padded by ``kh // 2`` and
     ``kw // 2``, so at stride 1 the output has the input's shape. Composer's ``channels`` argument is not
     needed: the channel count is read from the input. Integer images are refused (a blur of them would be
-    rounded to zeros): convert them to floats first.
+    rounded to zeros): convert them to floats first. On the CPU, a strided blur in bfloat16 or float16 (16-bit
+    images, or autocast) sums the 16-bit values in fp32 and returns them rounded once to the 16-bit dtype.
     """
     _check_images(input)
     stride = _checked_pair("stride", stride, 1)
@@ -104,7 +105,25 @@ def blur_2d(input: Tensor, stride: int | tuple[int, int] = 1, filter: Tensor | N
     if height % 2 == 0 or width % 2 == 0:
         raise ValueError(f"filter of shape {tuple(weights.shape)}: its height and width must be odd")
     weights = weights.to(dtype=input.dtype, device=input.device).expand(channels, 1, height, width)
-    return F.conv2d(input, weights, stride=stride, padding=(height // 2, width // 2), groups=channels)
+    padding = (height // 2, width // 2)
+    dtype = _compute_dtype(input)
+    if input.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) and stride != (1, 1):
+        # The CPU's strided depthwise convolution in 16-bit floats has a backward an order of magnitude slower than
+        # the fp32 one (benchmarks/blurpool_cpu.py), and on some CPUs rounds its sums more than once. The same
+        # 16-bit values summed in fp32 and rounded once are what it gives where it is exact.
+        with torch.autocast("cpu", enabled=False):
+            out = F.conv2d(
+                input.to(dtype).float(), weights.to(dtype).float(), stride=stride, padding=padding, groups=channels
+            )
+        return out.to(dtype)
+    return F.conv2d(input, weights, stride=stride, padding=padding, groups=channels)
+
+
+def _compute_dtype(input: Tensor) -> torch.dtype:
+    """The dtype ``F.conv2d`` computes ``input`` in here: autocast's, where it is on for the input's device."""
+    if input.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(input.device.type):
+        return torch.get_autocast_dtype(input.device.type)
+    return input.dtype
 
 
 def blurmax_pool2d(
