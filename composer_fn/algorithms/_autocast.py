@@ -1,4 +1,5 @@
-"""Normalization in the autocast dtype, shared by the low-precision LayerNorm and GroupNorm layers."""
+"""Autocast's dtype: the low-precision LayerNorm and GroupNorm layers normalize in it, and BlurPool's blur asks
+for it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["normalized_in_autocast_dtype", "low_precision_forward"]
+__all__ = ["compute_dtype", "normalized_in_autocast_dtype", "low_precision_forward"]
+
+
+def compute_dtype(input: Tensor) -> torch.dtype:
+    """The dtype an autocast-listed op such as ``F.conv2d`` computes ``input`` in: autocast's, where autocast is on
+    for the input's device (CPU or CUDA), else the input's own."""
+    device = input.device.type
+    if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return input.dtype
 
 
 def normalized_in_autocast_dtype(

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from composer_fn.algorithms._autocast import compute_dtype
 from composer_fn.algorithms._surgery import (
     SURGERY_LAYERS,
     Surgery,
@@ -106,7 +107,7 @@ def blur_2d(input: Tensor, stride: int | tuple[int, int] = 1, filter: Tensor | N
         raise ValueError(f"filter of shape {tuple(weights.shape)}: its height and width must be odd")
     weights = weights.to(dtype=input.dtype, device=input.device).expand(channels, 1, height, width)
     padding = (height // 2, width // 2)
-    dtype = _compute_dtype(input)
+    dtype = compute_dtype(input)
     if input.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) and stride != (1, 1):
         # The CPU's strided depthwise convolution in 16-bit floats has a backward an order of magnitude slower than
         # the fp32 one (benchmarks/blurpool_cpu.py), and on some CPUs rounds its sums more than once. The same
@@ -117,13 +118,6 @@ def blur_2d(input: Tensor, stride: int | tuple[int, int] = 1, filter: Tensor | N
             )
         return out.to(dtype)
     return F.conv2d(input, weights, stride=stride, padding=padding, groups=channels)
-
-
-def _compute_dtype(input: Tensor) -> torch.dtype:
-    """The dtype ``F.conv2d`` computes ``input`` in here: autocast's, where it is on for the input's device."""
-    if input.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(input.device.type):
-        return torch.get_autocast_dtype(input.device.type)
-    return input.dtype
 
 
 def blurmax_pool2d(
