@@ -2,16 +2,21 @@
 
 Each torchvision architecture (at a small size) trains three steps of SGD with momentum and of AdamW, eager,
 compiled (aot_eager), microbatched and with ChannelsLast, next to torch.optim on the same batches (two of them
-also in bf16 autocast); every
+also in bf16 autocast, and resnet18 with BlurPool in bf16); every
 parameter must end within its allowance (``composer_fn.testing.differential``). timm's architectures do the
 same uncompiled; Hugging Face models are ``test_huggingface.py``'s.
 """
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
+from composer_fn.algorithms.blurpool import BlurMaxPool2d, BlurPool, apply_blurpool
 from composer_fn.optim import fused
 from composer_fn.testing.differential import (
     ADAMW,
@@ -27,6 +32,7 @@ from composer_fn.testing.differential import (
     update_errors,
 )
 from composer_fn.trainer import eager_step, microbatch, step
+from composer_fn.trainer.trainer import Trainer
 
 MODELS = torchvision_models()
 
@@ -69,6 +75,67 @@ def test_the_bf16_comparison_catches_a_step_without_autocast() -> None:
     rounding = update_errors(initial, fp32, torch_reference(model, batches, SGD_MOMENTUM, float64=True))
     errors = update_errors(initial, trainer_result(model, batches, SGD_MOMENTUM, "bf16"), fp32)
     assert Comparison(case.name, SGD_MOMENTUM.name, "bf16", errors, rounding).failures
+
+
+class _TorchBlurMaxPool(nn.Module):
+    """A ``BlurMaxPool2d`` written with torch's ops only: the stride-1 max, then the depthwise ``F.conv2d`` blur;
+    under autocast, of its bf16 values in fp32, rounded once to bf16. On a CPU with AVX512-BF16 that is what
+    torch's bf16 kernel gives; on others that kernel rounds its gradient more than once
+    (``tests/algorithms/test_blurpool.py``)."""
+
+    def __init__(self, pool: BlurMaxPool2d) -> None:
+        super().__init__()
+        self.pool = pool
+
+    def forward(self, input: Tensor) -> Tensor:
+        pool = self.pool
+        maxima = F.max_pool2d(input, pool.kernel_size, stride=1, padding=pool.padding, dilation=pool.dilation)
+        channels = maxima.shape[1]
+        filter = pool.filt2d.expand(channels, 1, *pool.filt2d.shape[-2:])
+        if not torch.is_autocast_enabled("cpu"):
+            return F.conv2d(maxima, filter.to(maxima.dtype), stride=pool.stride, padding=1, groups=channels)
+        with torch.autocast("cpu", enabled=False):
+            blurred = F.conv2d(
+                maxima.bfloat16().float(), filter.float(), stride=pool.stride, padding=1, groups=channels
+            )
+        return blurred.bfloat16()
+
+
+def test_blurpool_in_bf16_trains_resnet18_as_a_torch_optim_loop_with_torchs_own_blur_does() -> None:
+    # BlurPool's strided blur takes its own CPU path in bf16: the Trainer's run against a torch.optim loop under
+    # autocast whose blurred max pool is written in torch's ops.
+    case = MODELS["resnet18"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = case.build()
+    batches = image_batches(case, 2, 8)
+    blurred = apply_blurpool(model)
+    by_torch = copy.deepcopy(blurred)
+    pools = [name for name, module in by_torch.named_modules() if isinstance(module, BlurMaxPool2d)]
+    assert pools, "resnet18 has a max pool for BlurPool to blur"
+    for name in pools:
+        parent, _, child = name.rpartition(".")
+        owner = by_torch.get_submodule(parent)
+        setattr(owner, child, _TorchBlurMaxPool(getattr(owner, child)))
+    initial = {name: p.detach().clone() for name, p in blurred.named_parameters()}
+    rounding = update_errors(
+        initial, torch_reference(by_torch, batches, SGD_MOMENTUM),
+        torch_reference(by_torch, batches, SGD_MOMENTUM, float64=True),
+    )  # fmt: skip
+    trainer = Trainer(
+        copy.deepcopy(model),
+        list(batches),
+        max_duration=f"{len(batches)}ba",
+        optimizer=SGD_MOMENTUM.ours(),
+        algorithms=[BlurPool()],
+        precision="bf16-mixed",
+        progress_bar=False,
+    )
+    trainer.fit()
+    ours = {name: p.detach().clone() for name, p in trainer.state.params.items()}
+    errors = update_errors(initial, ours, torch_reference(by_torch, batches, SGD_MOMENTUM, bf16=True))
+    comparison = Comparison(case.name, SGD_MOMENTUM.name, "bf16 + BlurPool", errors, rounding)
+    assert not comparison.failures, comparison.describe()
 
 
 def test_the_comparison_catches_gradients_applied_in_another_memory_order(monkeypatch: pytest.MonkeyPatch) -> None:
