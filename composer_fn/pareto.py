@@ -17,9 +17,9 @@ has finished, ``result.json``. A sweep whose run would train something other tha
 (an edited recipe, other flags) is refused before any run starts, naming the run and the fields that differ, rather
 than reading or resuming a run of other settings (a folder without ``run.json`` is taken as it is). A run with a
 result is not run again; one without (interrupted) is started with ``--autoresume`` and continues from its newest
-checkpoint, appending to its log (one that left no checkpoint starts over, its log replaced). A run's wall time is the sum of its attempts' training wall times (each
-attempt's ``fit`` record; an attempt that was cut short counts up to its last record), so an interrupted run counts
-the work it redid since its last checkpoint.
+checkpoint, appending to its log (one that left no checkpoint starts over, its log replaced). A run's wall time is
+the sum of its attempts' training wall times (each attempt's ``fit`` record; an attempt that was cut short counts up
+to its last record), so an interrupted run counts the work it redid since its last checkpoint.
 
 The summary gives, per recipe and length, the mean and standard deviation (over seeds, ``ddof=1``) of the held-out
 accuracy and the mean wall time; the baseline's target is its mean accuracy at its longest length, and each
