@@ -3,8 +3,8 @@ Composer's Trainer with Composer's algorithms, and a hand-written PyTorch loop.
 
 All three train the same network (``two_conv_bn`` width 16, hidden 256: the same module and the same initial
 weights, drawn by ``build_model`` from the seed), on the same standardised images, in the same order (the epoch
-orders of our ``TensorLoader`` for the seed, handed to the others as index lists), with a random crop (padding 4,
-black fill) and flip of each image, SGD with Nesterov momentum and weight decay, and the cosine schedule with a
+orders of our ``TensorLoader`` for the seed, handed to the others as index lists), with the baseline's random
+crop (its padding, 0 since the padding grid; black fill) and flip of each image, SGD with Nesterov momentum and weight decay, and the cosine schedule with a
 warm-up of a tenth of the run. Only the draws of the crops and flips (and dropout) differ: ours come from the
 seed's key, theirs from a seeded ``torch.Generator``.
 
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     pin_threads(args.threads)
     base = _recipe(BASELINE)
     padding = base["algorithms"]["random_crop_flip"]["padding"]
-    fill = base["algorithms"]["random_crop_flip"]["fill"]
+    fill = base["algorithms"]["random_crop_flip"].get("fill", 0.0)
     lr, batch = base["optimizer"]["learning_rate"], base["batch_size"]
     python = find_peer_python(args.peer_python)
     peer = Peer(python, PEER, threads=args.threads, timeout=3600.0).start() if python else None
