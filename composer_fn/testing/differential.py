@@ -194,6 +194,13 @@ class ModelCase:
     image_size: int
     num_classes: int = 10
 
+    def build_seeded(self, seed: int = 0) -> nn.Module:
+        """A fresh model built under ``seed`` of torch's global generator, whose state is restored afterwards
+        (torchvision and timm initialize from it)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.build()
+
 
 def torchvision_models() -> dict[str, ModelCase]:
     """Returns torchvision's architectures at small sizes, by the name of the builder each one shrinks.
@@ -365,10 +372,7 @@ def compare(
     """Returns the comparison of each path in ``paths`` with its torch reference, for ``steps`` steps on keyed
     random batches of ``batch_size`` (``microbatch_size`` for the microbatched path) from one model built
     under seed 0 of torch's global generator, whose state is restored afterwards."""
-    # torchvision initializes from torch's global generator: seeded here, and restored after.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = case.build()
+    model = case.build_seeded()
     batches = image_batches(case, steps, batch_size)
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     references: dict[tuple[int | None, bool, bool, bool], dict[str, Tensor]] = {}

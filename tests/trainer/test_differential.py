@@ -66,9 +66,7 @@ def test_bf16_autocast_trains_a_torchvision_model_as_a_torch_optim_loop_under_au
 def test_the_bf16_comparison_catches_a_step_without_autocast() -> None:
     # The Trainer's bf16 run held against the fp32 loop: bf16's rounding moves the updates far past the allowance.
     case = MODELS["resnet18"]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = case.build()
+    model = case.build_seeded()
     batches = image_batches(case, 3, 8)
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     fp32 = torch_reference(model, batches, SGD_MOMENTUM)
@@ -105,9 +103,7 @@ def test_blurpool_in_bf16_trains_resnet18_as_a_torch_optim_loop_with_torchs_own_
     # BlurPool's strided blur takes its own CPU path in bf16: the Trainer's run against a torch.optim loop under
     # autocast whose blurred max pool is written in torch's ops.
     case = MODELS["resnet18"]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = case.build()
+    model = case.build_seeded()
     batches = image_batches(case, 2, 8)
     blurred = apply_blurpool(model)
     by_torch = copy.deepcopy(blurred)
