@@ -3,10 +3,10 @@
 
 A network that scores little more on the images it trained on than on the held-out ones is short of fitting,
 not of generalising: a regulariser has nothing to take back there. Each argument is a run folder of a sweep
-(``runs/fashion-mnist/<sweep>/<recipe>/<length>/seed<N>``, holding ``run.json`` and ``checkpoints/latest.pt``);
-its model is rebuilt from ``run.json``'s ``model`` and ``model_kwargs`` and takes the checkpoint's weights and
-batch-norm statistics. Runs whose methods change the network (squeeze-and-excitation, BlurPool) or whose
-held-out figure is not of these weights (EMA, SWA) are refused.
+(``runs/fashion-mnist/<sweep>/<recipe>/<length>/seed<N>``, holding ``checkpoints/latest.pt``); its model is
+rebuilt from the model name, image shape, class count and options that the checkpoint records, and takes the
+checkpoint's weights and batch-norm statistics. Runs whose methods change the network (squeeze-and-excitation,
+BlurPool, Factorize, ...) or whose held-out figure is not of these weights (EMA, SWA) are refused.
 
     .venv/bin/python benchmarks/fashion_mnist_fit.py RUN_FOLDER [RUN_FOLDER ...] [--threads 2]
 """
@@ -23,7 +23,15 @@ from composer_fn.data import load_idx_task
 from composer_fn.models.zoo import build_model
 from composer_fn.trainer.checkpoint import read_checkpoint
 
-UNSUPPORTED = ("squeeze_excite", "blurpool", "ema", "swa", "factorize", "gyro_dropout", "weight_standardization")
+UNSUPPORTED = (
+    "squeeze_excite",
+    "blurpool",
+    "ema",
+    "swa",
+    "factorize",
+    "gyro_dropout",
+    "weight_standardization",
+)
 
 
 def accuracy(model: nn.Module, images: Tensor, labels: Tensor, batch: int = 1000) -> float:
@@ -31,7 +39,9 @@ def accuracy(model: nn.Module, images: Tensor, labels: Tensor, batch: int = 1000
     correct = 0
     with torch.no_grad():
         for start in range(0, len(images), batch):
-            correct += int((model(images[start : start + batch]).argmax(1) == labels[start : start + batch]).sum())
+            correct += int(
+                (model(images[start : start + batch]).argmax(1) == labels[start : start + batch]).sum()
+            )
     return 100.0 * correct / len(images)
 
 
@@ -40,12 +50,20 @@ def trained_model(checkpoint: Path) -> nn.Module:
     payload = read_checkpoint(checkpoint, "cpu", argument="checkpoint")
     methods = sorted(name for name in UNSUPPORTED if f'"{name}"' in payload["algorithms"])
     if methods:
-        raise SystemExit(f"{checkpoint}: its methods {methods} change the network or what is evaluated; expected a plain run")
+        raise SystemExit(
+            f"{checkpoint}: its methods {methods} change the network or what is evaluated; "
+            "expected a run without them"
+        )
     metadata = payload.get("metadata") or {}
     if "model" not in metadata:
-        raise SystemExit(f"{checkpoint}: no model recorded with it; expected a checkpoint of `composer-fn train`")
+        raise SystemExit(
+            f"{checkpoint}: no model recorded with it; expected a checkpoint of `composer-fn train`"
+        )
     model = build_model(
-        metadata["model"], tuple(metadata["image_shape"]), metadata["num_classes"], options=metadata["model_kwargs"]
+        metadata["model"],
+        tuple(metadata["image_shape"]),
+        metadata["num_classes"],
+        options=metadata["model_kwargs"],
     )
     state = {**payload["params"], **payload["buffers"]}
     model.load_state_dict({name: state[name] for name in model.state_dict()})

@@ -5,8 +5,8 @@ All three train the same network (``two_conv_bn`` width 16, hidden 256: the same
 weights, drawn by ``build_model`` from the seed), on the same standardised images, in the same order (the epoch
 orders of our ``TensorLoader`` for the seed, handed to the others as index lists), with the baseline's random
 crop (its padding, 0 since the padding grid; black fill) and flip of each image, SGD with Nesterov momentum and
-weight decay, and the cosine schedule with a warm-up of a tenth of the run. Only the draws of the crops and flips (and dropout) differ: ours come from the
-seed's key, theirs from a seeded ``torch.Generator``.
+weight decay, and the cosine schedule with a warm-up of a tenth of the run. Only the draws of the crops and
+flips (and dropout) differ: ours come from the seed's key, theirs from a seeded ``torch.Generator``.
 
 Two measurements:
 
