@@ -22,8 +22,8 @@ demo: $(STAMP)
 	$(BIN)/composer-fn report runs/demo
 
 # Fashion-MNIST from disk (apt-get install dataset-fashion-mnist, or DATA_DIR=<torchvision root>): two epochs of
-# the mild recipe (bf16 autocast; fp32 on a CPU without bf16 instructions, where autocast is slower), then the
-# run's report.
+# the mild recipe (bf16 autocast and channels-last; fp32 on a CPU without bf16 instructions, where autocast is
+# slower), then the run's report.
 demo-fashion: $(STAMP)
 	rm -f runs/fashion/log.jsonl
 	$(BIN)/composer-fn train --config recipes/fashion-mnist-mild.toml --max-duration 2ep --log-interval 50ba \

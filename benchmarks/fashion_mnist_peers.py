@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -345,7 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"environment": environment(args.threads)}
     with tempfile.TemporaryDirectory(prefix="fashion-peers-") as tmp:
         folder = Path(tmp)
-        epochs_needed = max(args.epochs, 1 + int(_recipe(BASELINE)["max_duration"].removesuffix("ep")))
+        # An epoch order for every epoch any run trains (a recipe may train longer than the baseline).
+        lengths = [args.epochs, 1 + int(_recipe(BASELINE)["max_duration"].removesuffix("ep"))]
+        if args.recipe:
+            recipe_epochs = int(_recipe(args.recipe)["max_duration"].removesuffix("ep"))
+            lengths.append(math.ceil(recipe_epochs * args.scale_schedule_ratio))
+        epochs_needed = max(lengths)
         data_path = prepare(folder, base, 0, epochs_needed, args.limit)
         data = torch.load(data_path)
         if peer is not None:
@@ -399,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             recipe = _recipe(args.recipe)
             algorithms = composer_algorithms(recipe)
             epochs = int(recipe["max_duration"].removesuffix("ep"))
+            seed_epochs = max(epochs, math.ceil(epochs * args.scale_schedule_ratio))
             autocast = bf16_recipe(recipe)
             runs: dict[str, list[dict[str, float]]] = {"composer_fn Trainer": [], "Composer Trainer": []}
             for seed in args.seeds:
@@ -407,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(f"ours seed {seed}: {runs['composer_fn Trainer'][-1]}", flush=True)
                 if peer is not None:
-                    seeded = prepare(folder, recipe, seed, epochs, args.limit) if seed else data_path
+                    seeded = prepare(folder, recipe, seed, seed_epochs, args.limit) if seed else data_path
                     runs["Composer Trainer"].append(peer.call(
                         "composer_run", path=str(seeded), epochs=epochs, ratio=args.scale_schedule_ratio,
                         lr=recipe["optimizer"]["learning_rate"], batch_size=recipe["batch_size"], seed=seed,

@@ -1,7 +1,10 @@
 """ChannelsLast: store 4-d convolution weights in NHWC order, which GPU convolution kernels run faster on.
 
 A host hook at INIT returns new parameters in ``torch.channels_last`` format; values are unchanged, so the
-model computes the same outputs. Inputs follow the weights' format inside convolutions.
+model computes the same outputs. Inputs follow the weights' format inside convolutions. The format is the
+tensor's strides, as ``Module.to(memory_format=torch.channels_last)`` sets them: a weight with one input channel
+(a grayscale model's first convolution) is both contiguous and channels-last by ``is_contiguous``, and only its
+strides tell its convolution which kernels to run.
 
 One exception, on the CPU only: oneDNN's AVX2 kernel for the weight gradient of a 1×1 convolution with a
 stride, no padding and fewer than 8 input channels (one group) writes past its workspace in channels-last
@@ -15,7 +18,7 @@ from __future__ import annotations
 import copy
 import os
 import warnings
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +30,7 @@ from composer_fn.core.algorithm import Algorithm, HostHook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static
 from composer_fn.core.time import Timestamp
+from composer_fn.optim.base import contiguous_strides
 
 __all__ = [
     "ChannelsLast",
@@ -86,9 +90,25 @@ def _faulty_layers(module: nn.Module, device: torch.device) -> tuple[str, ...]:
     return tuple(name for name, child in module.named_modules() if channels_last_fault(child))
 
 
+def _strides(shape: Sequence[int], memory_format: torch.memory_format) -> tuple[int, ...]:
+    # The strides torch gives a new tensor of this shape in this format.
+    if memory_format == torch.channels_last:
+        _, c, h, w = shape
+        return (h * w * c, 1, w * c, c)
+    return contiguous_strides(shape)
+
+
+def _in_format(tensor: Tensor, memory_format: torch.memory_format) -> Tensor:
+    # ``tensor`` itself where its strides are the format's, else a copy with them. ``contiguous(memory_format=)``
+    # keeps a tensor that ``is_contiguous`` in both formats (one channel, or 1×1 maps) with the strides it has.
+    if tensor.stride() == _strides(tensor.shape, memory_format):
+        return tensor
+    return tensor.clone(memory_format=memory_format)
+
+
 def _contiguous_input(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
     # A contiguous input and weight make the convolution take oneDNN's NCHW kernel, which is correct.
-    return (args[0].contiguous(), *args[1:])
+    return (_in_format(args[0], torch.contiguous_format), *args[1:])
 
 
 def _guard(module: nn.Module, layers: Collection[str]) -> None:
@@ -114,14 +134,18 @@ def _warn(layers: Collection[str]) -> None:
 
 def channels_last_tensors(tensors: Mapping[str, Tensor], keep: Collection[str] = ()) -> dict[str, Tensor]:
     """Returns the tensors with every 4-d one in ``torch.channels_last`` format, but those named in ``keep``
-    (others are kept as they are). ``keep`` may only name tensors of ``tensors``."""
+    (others are kept as they are). ``keep`` may only name tensors of ``tensors``.
+
+    The format is the strides ``Module.to(memory_format=torch.channels_last)`` gives, also for a tensor with
+    one channel (a grayscale model's first convolution weight), which ``contiguous(memory_format=)`` leaves in
+    contiguous strides; a tensor already in them is returned itself."""
     if isinstance(keep, str):
         raise TypeError(f"keep={keep!r} must be a collection of names, not one name: keep=({keep!r},)")
     unknown = sorted(set(keep) - set(tensors))
     if unknown:
         raise ValueError(f"keep names {unknown[:5]}, which tensors does not hold")
     return {
-        name: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 and name not in keep else t
+        name: _in_format(t, torch.channels_last) if t.dim() == 4 and name not in keep else t
         for name, t in tensors.items()
     }
 
@@ -143,7 +167,7 @@ def apply_channels_last(model: nn.Module) -> nn.Module:
             for name in layers:
                 layer = converted.get_submodule(name)
                 assert isinstance(layer, nn.Conv2d)
-                layer.weight.data = layer.weight.data.contiguous()
+                layer.weight.data = _in_format(layer.weight.data, torch.contiguous_format)
         _warn(layers)
     return converted
 

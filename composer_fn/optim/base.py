@@ -343,7 +343,7 @@ def in_layout_of(tensors: Mapping[str, Tensor], like: Mapping[str, Tensor]) -> d
 
 
 def apply_updates(params: Params, updates: Updates) -> dict[str, Tensor]:
-    """Returns the new parameters ``p ← p + u``, as new tensors in ``params``' key order and dtypes.
+    """Returns the new parameters ``p ← p + u``, as new tensors in ``params``' key order, dtypes and strides.
 
     Inputs are left untouched and the result carries no autograd history. Use :func:`apply_updates_` to
     write into ``params`` instead.
@@ -356,10 +356,27 @@ def apply_updates(params: Params, updates: Updates) -> dict[str, Tensor]:
             new = torch._foreach_add(param_list, update_list)
         except (RuntimeError, TypeError) as error:
             raise _misfit(names, param_list, update_list) or error from error
-    # An update may be wider than its parameter (fp32 updates for bf16 weights); the parameter keeps its dtype.
-    return {
-        k: n if n.dtype == p.dtype else n.to(p.dtype) for k, n, p in zip(names, new, param_list, strict=True)
-    }
+        # An update may be wider than its parameter (fp32 updates for bf16 weights): the parameter keeps its dtype.
+        return {name: _like_parameter(n, p) for name, n, p in zip(names, new, param_list, strict=True)}
+
+
+def _like_parameter(new: Tensor, parameter: Tensor) -> Tensor:
+    # ``new`` in the parameter's dtype and strides. A sum takes its operands' strides where they say one order;
+    # where a dimension of size 1 lets other strides address the same elements (a channels-last weight of one
+    # input channel, or of a 1×1 kernel), it takes contiguous strides in eager runs and not in traced ones, and
+    # the strides decide which kernels a convolution runs. Those parameters get a copy in their own strides.
+    if 1 in parameter.shape and parameter.stride() != contiguous_strides(parameter.shape):
+        return torch.empty_like(parameter).copy_(new)
+    return new if new.dtype == parameter.dtype else new.to(parameter.dtype)
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Returns the strides torch gives a new contiguous tensor of ``shape`` (a size of 0 counts as 1)."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def apply_updates_(params: Params, updates: Updates) -> None:

@@ -25,6 +25,7 @@ from composer_fn.core.event import Event
 from composer_fn.core.passes import DEFAULT_PASSES, Pass
 from composer_fn.core.state import State, Static, initial_state
 from composer_fn.core.time import Time, Timestamp, TimeUnit
+from composer_fn.optim.base import in_layout_of
 from composer_fn.trainer.checkpoint import read_checkpoint, unflatten_tree
 
 __all__ = ["module_with", "evaluation_state", "load_model"]
@@ -50,9 +51,19 @@ def evaluation_state(
             "its outputs are the forward's without them",
             stacklevel=3,
         )
+    opened = state
     for event in _EVALUATION_OPENING:
-        static, state = run_host_event(event, plan, static, state, timestamp)
-    return state
+        static, opened = run_host_event(event, plan, static, opened, timestamp)
+    # The weights swapped in (EMA's average) take the trained weights' strides: an average of a channels-last
+    # weight with one input channel comes back in contiguous strides, which its convolution reads as NCHW.
+    return opened.replace(
+        params={**opened.params, **in_layout_of(_shared(opened.params, state.params), state.params)},
+        buffers={**opened.buffers, **in_layout_of(_shared(opened.buffers, state.buffers), state.buffers)},
+    )
+
+
+def _shared(tensors: Mapping[str, Tensor], like: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    return {name: t for name, t in tensors.items() if name in like and like[name].shape == t.shape}
 
 
 def module_with(structure: nn.Module, params: Mapping[str, Tensor], buffers: Mapping[str, Tensor]) -> nn.Module:
@@ -152,14 +163,6 @@ def _check_names(kind: str, loaded: Mapping[str, Any], expected: Mapping[str, Te
 
 
 def _like(loaded: Mapping[str, Tensor], expected: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    # The run's dtype and layout (a ChannelsLast run's weights are channels-last in its structure too).
-    return {
-        name: loaded[name].to(dtype=tensor.dtype, device=tensor.device).clone(
-            memory_format=torch.channels_last if _channels_last(tensor) else torch.contiguous_format
-        )
-        for name, tensor in expected.items()
-    }
-
-
-def _channels_last(tensor: Tensor) -> bool:
-    return tensor.dim() == 4 and not tensor.is_contiguous() and tensor.is_contiguous(memory_format=torch.channels_last)
+    # The run's dtype and strides (a ChannelsLast run's weights are channels-last in its structure too, also
+    # where one channel makes channels-last strides pass for contiguous ones).
+    return {name: torch.empty_like(tensor).copy_(loaded[name]) for name, tensor in expected.items()}

@@ -152,6 +152,30 @@ OPTIMIZER_PAIRS = {
 }
 
 
+@pytest.mark.parametrize("optimizer", list(OPTIMIZER_PAIRS))
+@pytest.mark.parametrize("variant", list(STEP_VARIANTS))
+def test_every_step_keeps_a_one_channel_convolutions_channels_last_strides(variant: str, optimizer: str) -> None:
+    # A weight of one input channel is contiguous and channels-last by is_contiguous; only its strides make its
+    # convolution run the channels-last kernels, and an out-of-place sum would give it contiguous strides.
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))
+    generator = torch.Generator().manual_seed(1)
+    batches = [
+        (torch.randn(4, 1, 8, 8, generator=generator), torch.randint(0, 10, (4,), generator=generator)) for _ in range(2)
+    ]
+    tx = OPTIMIZER_PAIRS[optimizer][0]()
+    state = initial_state(model, R.key(0))
+    state = state.replace(params=channels_last_tensors(state.params))
+    state = state.replace(opt=tx.init(state.params))
+    expected = torch.empty(4, 1, 3, 3, memory_format=torch.channels_last).stride()
+    assert state.params["0.weight"].stride() == expected != torch.empty(4, 1, 3, 3).stride()
+    step = make_train_step(Static(module=model), make_plan(()), cross_entropy_loss(), tx, **STEP_VARIANTS[variant])
+    if variant == "compiled":
+        step = compile_step(step, "aot_eager")
+    for batch in batches:
+        state, _ = step(state, batch)
+    assert state.params["0.weight"].stride() == expected
+
+
 @pytest.mark.parametrize("weights", ["contiguous", "channels_last"])
 @pytest.mark.parametrize("optimizer", list(OPTIMIZER_PAIRS))
 @pytest.mark.parametrize("variant", list(STEP_VARIANTS))
