@@ -187,12 +187,14 @@ def update_errors(
 @dataclass(frozen=True)
 class ModelCase:
     """A third-party architecture at a small size: ``build()`` a fresh model (from torch's global generator)
-    taking ``image_size``×``image_size`` RGB images to ``num_classes`` logits."""
+    taking ``image_size``×``image_size`` images of ``channels`` channels (RGB unless given) to ``num_classes``
+    logits."""
 
     name: str
     build: Callable[[], nn.Module]
     image_size: int
     num_classes: int = 10
+    channels: int = 3
 
     def build_seeded(self, seed: int = 0) -> nn.Module:
         """A fresh model built under ``seed`` of torch's global generator, whose state is restored afterwards
@@ -303,7 +305,7 @@ def image_batches(case: ModelCase, steps: int, batch_size: int, seed: int = 0) -
     """Returns ``steps`` batches of ``batch_size`` random images for ``case`` and random class targets, drawn
     from a generator of ``seed`` (not torch's global one)."""
     generator = torch.Generator().manual_seed(seed)
-    shape = (batch_size, 3, case.image_size, case.image_size)
+    shape = (batch_size, case.channels, case.image_size, case.image_size)
     return [
         (torch.randn(shape, generator=generator), torch.randint(0, case.num_classes, (batch_size,), generator=generator))
         for _ in range(steps)

@@ -22,6 +22,7 @@ from composer_fn.testing.differential import (
     ADAMW,
     SGD_MOMENTUM,
     Comparison,
+    ModelCase,
     OptimizerPair,
     compare,
     image_batches,
@@ -42,6 +43,27 @@ MODELS = torchvision_models()
 @pytest.mark.parametrize("name", list(MODELS))
 def test_the_trainer_trains_a_torchvision_model_as_a_torch_optim_loop_does(name: str, optimizer: OptimizerPair) -> None:
     comparisons = compare(MODELS[name], optimizer, ["eager", "compiled", "microbatched", "channels_last"])
+    failed = [comparison.describe() for comparison in comparisons if comparison.failures]
+    assert not failed, "\n".join(failed)
+
+
+def _grayscale_resnet() -> nn.Module:
+    # torchvision's ResNet with a one-channel stem, as users adapt it to grayscale images: the stem's weight is
+    # channels-last only by its strides.
+    from torchvision.models import resnet
+
+    model = resnet.ResNet(resnet.BasicBlock, [1, 1, 1, 1], num_classes=10)
+    model.conv1 = nn.Conv2d(1, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    return model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", [SGD_MOMENTUM, ADAMW], ids=["sgd", "adamw"])
+def test_the_trainer_trains_a_grayscale_torchvision_resnet_channels_last_as_a_torch_optim_loop_does(
+    optimizer: OptimizerPair,
+) -> None:
+    case = ModelCase("resnet18 (one channel)", _grayscale_resnet, 32, channels=1)
+    comparisons = compare(case, optimizer, ["eager", "compiled", "channels_last"])
     failed = [comparison.describe() for comparison in comparisons if comparison.failures]
     assert not failed, "\n".join(failed)
 
