@@ -51,6 +51,7 @@ __all__ = [
     "matching_modules",
     "surgery_key",
     "check_model",
+    "tied_names",
 ]
 
 
@@ -438,5 +439,42 @@ class Surgery(Algorithm):
         with torch.no_grad():
             rewritten = self._restricted_rewrite(current, surgery_key(state.key, self.name), timestamp)
         rewritten = rewritten.to(static.device)
+        _check_ties(self, current, rewritten)
         params, buffers = module_tensors(rewritten)
         return static.replace(module=rewritten), state.replace(params=params, buffers=buffers)
+
+
+def tied_names(module: nn.Module) -> list[tuple[str, ...]]:
+    """Returns the groups of names under which ``module`` registers one parameter or buffer (tied weights: a
+    language model's output layer and its input embedding), each group in ``named_parameters()`` order."""
+    groups: dict[int, list[str]] = {}
+    for members in (module.named_parameters, module.named_buffers):
+        for name, tensor in members(remove_duplicate=False):
+            groups.setdefault(id(tensor), []).append(name)
+    return [tuple(names) for names in groups.values() if len(names) > 1]
+
+
+def _check_ties(surgery: Surgery, before: nn.Module, after: nn.Module) -> None:
+    # A rewrite that replaces the layer on one side of a tie (factorizing a language model's output layer, whose
+    # weight is its embedding's) would train two tensors where the model had one: refused, naming the fix. A tie
+    # whose names all went (a module registered twice, replaced under both) or that moved with its layer (a
+    # wrapped layer's weight under a new name) is kept.
+    holders: dict[int, list[str]] = {}
+    present: dict[str, int] = {}
+    for members in (after.named_parameters, after.named_buffers):
+        for name, tensor in members(remove_duplicate=False):
+            present[name] = id(tensor)
+            holders.setdefault(id(tensor), []).append(name)
+    for names in tied_names(before):
+        kept = [name for name in names if name in present]
+        tensors = {present[name] for name in kept}
+        if not kept or (len(tensors) == 1 and len(holders[tensors.pop()]) >= len(names)):
+            continue
+        gone = [name for name in names if name not in kept] or names[1:]
+        owners = sorted({name.rpartition(".")[0] or name for name in gone})
+        raise ValueError(
+            f"{type(surgery).__name__} would rewrite {', '.join(map(repr, owners))}, whose tensor "
+            f"{names[0]!r} is tied to {', '.join(map(repr, names[1:]))} (one tensor under {len(names)} names): "
+            f"the rewritten model would train them apart; leave the layer out, e.g. "
+            f"{type(surgery).__name__}(target_modules=...) naming the other layers"
+        )

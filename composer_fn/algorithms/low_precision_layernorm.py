@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composer_fn.algorithms._autocast import low_precision_forward, normalized_in_autocast_dtype
+from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.algorithms._surgery import (
     SURGERY_LAYERS,
     Surgery,
@@ -35,7 +36,8 @@ from composer_fn.algorithms._surgery import (
     warn_nothing_to_replace,
 )
 from composer_fn.core.algorithm import register
-from composer_fn.core.state import PRECISIONS
+from composer_fn.core.state import PRECISIONS, BatchMeta, State, Static
+from composer_fn.core.time import Timestamp
 
 __all__ = ["LowPrecisionLayerNorm", "LPLayerNorm", "LPLayerNorm2d", "LPRMSNorm", "apply_low_precision_layernorm"]
 
@@ -203,3 +205,14 @@ class LowPrecisionLayerNorm(Surgery):
 
     def rewrite(self, module: nn.Module, key: Tensor) -> nn.Module:
         return _converted(module, _layer_norms(module))
+
+    def _operate(
+        self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
+    ) -> tuple[Static, State]:
+        if static.precision == "fp32" and _layer_norms(static.module):
+            warn_changes_nothing(
+                "LowPrecisionLayerNorm changes nothing in a run of precision='fp32': its layer norms run in the "
+                "autocast dtype, and an fp32 run has no autocast (the layers are converted all the same, so a "
+                "checkpoint resumes in another precision); use precision='bf16-mixed' or leave it out"
+            )
+        return super()._operate(static, state, timestamp, meta)

@@ -264,6 +264,14 @@ class SeqLengthWarmup(Algorithm):
     def _check_data_length(
         self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
     ) -> tuple[Static, State]:
+        duration = _parsed_duration(self.duration)
+        run = timestamp.max_duration
+        if duration.unit is TimeUnit.DURATION and run is not None and int(run.value * duration.value) == 0:
+            warn_changes_nothing(
+                f"SeqLengthWarmup(duration={self.duration!r}) changes nothing: {duration.value:g} of this run's "
+                f"{run} rounds down to a warm-up of 0{run.unit.value}, so every batch keeps its length; give the "
+                f"warm-up as a time (e.g. duration='{max(1, int(run.value) // 3)}{run.unit.value}') or a longer run"
+            )
         if meta is None or len(meta.input_shape) < 2:
             return static, state
         length = meta.input_shape[1]

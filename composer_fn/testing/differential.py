@@ -50,6 +50,7 @@ __all__ = [
     "timm_models",
     "image_batches",
     "torch_reference",
+    "keyword_reference",
     "trainer_result",
     "update_errors",
     "compare",
@@ -130,6 +131,34 @@ def torch_reference(
             (loss * (len(inputs[part]) / len(inputs))).backward()
         steps.step()
     return {name: p.detach().clone() for name, p in trained.named_parameters()}
+
+
+def keyword_reference(
+    model: nn.Module,
+    batches: Sequence[Mapping[str, Tensor]],
+    optimizer: OptimizerPair,
+    *,
+    seed: int | None = None,
+    float64: bool = False,
+) -> nn.Module:
+    """Returns a copy of ``model`` trained by a hand-written ``torch.optim`` loop on mapping ``batches`` given as
+    keyword arguments (a Hugging Face model and its own loss): ``zero_grad``, ``model(**batch).loss.backward()``,
+    ``step``. With ``seed``, torch's generator is seeded before each step as a ``Trainer(seed=seed)`` run seeds
+    it for the model's own draws (``composer_fn.trainer.randomness.model_seed``), and put back after the loop.
+    The module comes back whole, ties and all, in training mode."""
+    from composer_fn.trainer.randomness import model_seed
+
+    trained = copy.deepcopy(model).train()
+    trained = trained.double() if float64 else trained
+    steps = optimizer.reference(trained.parameters())
+    with torch.random.fork_rng(devices=[]):
+        for step, batch in enumerate(batches):
+            if seed is not None:
+                torch.manual_seed(model_seed(seed, step))
+            steps.zero_grad(set_to_none=True)
+            trained(**batch).loss.backward()
+            steps.step()
+    return trained
 
 
 def trainer_result(

@@ -155,10 +155,12 @@ def microbatched_step(
     guarded: bool,
     units: Callable[[Any], Tensor] | None = None,
     units_scale: float = 1.0,
+    reseed: Callable[[int], None] | None = None,
 ) -> Callable[[State, Any], tuple[State, dict[str, Tensor]]]:
     """Returns the step of the module docstring from the plain step's pieces: ``begin`` (AFTER_DATALOADER and
     BEFORE_TRAIN_BATCH), ``differentiated`` (the events up to the gradient, and the gradient) and ``finish``
-    (the events from AFTER_BACKWARD on and the update)."""
+    (the events from AFTER_BACKWARD on and the update). ``reseed(offset)``, where given, is called before each
+    microbatch with its place in the global batch (the model's own draws, ``composer_fn.trainer.randomness``)."""
     # Each microbatch's loss is weighted by its samples over a full microbatch's (1 but for a short last one):
     # the summed gradients keep the scale of one microbatch's (what fp16 loss scaling expects). A loss over
     # positions weighs by its positions over a full microbatch's, ``units_scale`` positions per sample.
@@ -185,6 +187,8 @@ def microbatched_step(
         parts = split_batch(batch, input_key, microbatch_size, first_sample)
         summing = None
         for number, (offset, part, size) in enumerate(parts):
+            if reseed is not None:
+                reseed(offset)
             state, ctx = begin(state.replace(buffers=start), R.fold_in(step_key, offset), part, offset)
             # What the loss averages over, counted on the batch the loss will see (after the batch's hooks).
             count: Any = size if units is None else units(ctx.batch).detach().float()

@@ -70,7 +70,10 @@ def module_with(structure: nn.Module, params: Mapping[str, Tensor], buffers: Map
     """Returns a copy of ``structure`` (hooks and all) holding copies of ``params`` and ``buffers``, in eval mode.
 
     Every parameter and buffer of ``structure`` must be named in ``params`` / ``buffers`` with its shape; tensors
-    keep their dtype, device and memory layout (a ChannelsLast run's weights stay channels-last).
+    keep their dtype, device and memory layout (a ChannelsLast run's weights stay channels-last). A tensor that
+    ``structure`` registers under several names (tied weights: a language model's output layer and its input
+    embedding) stays one tensor in the copy, holding the value given for its first name, as ``named_parameters()``
+    lists it.
     """
     module = copy.deepcopy(structure)
     own_params = dict(module.named_parameters())
@@ -84,19 +87,22 @@ def module_with(structure: nn.Module, params: Mapping[str, Tensor], buffers: Map
                 raise ValueError(
                     f"trained {kind} {name!r} has shape {tuple(given[name].shape)}; the module's is {tuple(tensor.shape)}"
                 )
+    replacements: dict[int, Tensor] = {}
     with torch.no_grad():
         for name, parameter in own_params.items():
-            owner, leaf = _owner(module, name)
-            owner._parameters[leaf] = nn.Parameter(params[name].detach().clone(), requires_grad=parameter.requires_grad)
-        for name in own_buffers:
-            owner, leaf = _owner(module, name)
-            owner._buffers[leaf] = buffers[name].detach().clone()
+            replacements[id(parameter)] = nn.Parameter(
+                params[name].detach().clone(), requires_grad=parameter.requires_grad
+            )
+        for name, buffer in own_buffers.items():
+            replacements[id(buffer)] = buffers[name].detach().clone()
+    # Every slot holding a tensor, under each of its names, takes that tensor's one replacement.
+    for owner in module.modules():
+        tables: tuple[dict[str, Any], ...] = (owner._parameters, owner._buffers)
+        for table in tables:
+            for attribute, held in table.items():
+                if held is not None and id(held) in replacements:
+                    table[attribute] = replacements[id(held)]
     return module.eval()
-
-
-def _owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
-    path, _, leaf = name.rpartition(".")
-    return (module.get_submodule(path) if path else module), leaf
 
 
 def load_model(

@@ -12,6 +12,7 @@ a label. Nothing here imports ``transformers``: models and outputs are recognise
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,7 +23,9 @@ from torch import Tensor, nn
 from composer_fn.core.state import LossFn, batch_get, batch_target, held_logits
 
 __all__ = [
+    "AUXILIARY_WEIGHTS",
     "IGNORE_INDEX",
+    "auxiliary_weights",
     "causal_shift",
     "default_loss",
     "default_per_sample_loss",
@@ -109,9 +112,18 @@ def settle_loss_function(module: nn.Module) -> nn.Module:
     from composer_fn.algorithms._surgery import shared_copy  # noqa: PLC0415 (only for transformers models)
 
     settled = shared_copy(module)
-    for part in settled.modules():
-        if unsettled(part):
-            part.loss_function = part.loss_function
+    # Resolving it logs "`loss_type=None` was set in the config but it is unrecognized" for every part whose
+    # class name names no loss (GPT-2's head, the base model inside a classifier), although nothing was set:
+    # the line is held back while the same function is picked.
+    transformers_logger = logging.getLogger("transformers")
+    level = transformers_logger.level
+    transformers_logger.setLevel(logging.ERROR)
+    try:
+        for part in settled.modules():
+            if unsettled(part):
+                part.loss_function = part.loss_function
+    finally:
+        transformers_logger.setLevel(level)
     return settled
 
 
@@ -134,17 +146,58 @@ def default_loss(target_key: int | str | None) -> LossFn:
     one, else the cross-entropy of its logits against the batch's targets (``target_key``; None: a mapping's
     ``'labels'``, a tuple's item 1), class-last logits (``[B, S, V]`` against ``[B, S]``) read as such."""
 
-    def loss_fn(outputs: Any, batch: Any) -> Tensor:
-        own = model_loss(outputs)
-        if own is not None:
-            return own
-        logits = logits_of(outputs)
-        target = batch_target(batch, target_key)
+    def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
         if logits.dim() > 2 and logits.dim() == target.dim() + 1 and logits.shape[:-1] == target.shape:
             logits = logits.movedim(-1, 1)
         return F.cross_entropy(logits, target)
 
+    def loss_fn(outputs: Any, batch: Any) -> Tensor:
+        own = model_loss(outputs)
+        if own is not None:
+            return own
+        target = batch_target(batch, target_key)
+        weights = auxiliary_weights(outputs)
+        logits = logits_of(outputs)
+        loss = cross_entropy(logits, target)
+        for name, weight in weights.items():
+            loss = loss + weight * cross_entropy(getattr(outputs, name), target)
+        return loss
+
     return loss_fn
+
+
+AUXILIARY_WEIGHTS: dict[str, dict[str, float]] = {
+    "GoogLeNetOutputs": {"aux_logits1": 0.3, "aux_logits2": 0.3},
+    "InceptionOutputs": {"aux_logits": 0.4},
+}
+"""The weights of the auxiliary heads' cross-entropies in the default loss, by the output record's class, as
+torchvision's reference training weighs GoogLeNet's and Inception v3's."""
+
+
+def auxiliary_weights(outputs: Any) -> dict[str, float]:
+    """Returns the auxiliary logits ``outputs`` holds besides its logits, by field, with the weight the default
+    loss gives each (``AUXILIARY_WEIGHTS``); raises ``TypeError`` for outputs the default loss cannot read: a
+    plain tuple or list, or a record with auxiliary logits of unknown weight."""
+    if isinstance(outputs, Tensor) or model_loss(outputs) is not None:
+        return {}
+    fields = getattr(outputs, "_fields", None)
+    auxiliary = [f for f in fields or () if f.startswith("aux") and isinstance(getattr(outputs, f), Tensor)]
+    known = AUXILIARY_WEIGHTS.get(type(outputs).__name__)
+    if auxiliary and known is not None and set(auxiliary) <= set(known):
+        return {name: known[name] for name in auxiliary}
+    if auxiliary or (isinstance(outputs, tuple | list) and held_logits(outputs) is None):
+        shown = (
+            f"{type(outputs).__name__} with fields {list(fields)}"
+            if fields
+            else f"a {type(outputs).__name__} of {len(outputs)} items"
+        )
+        raise TypeError(
+            f"the model returns {shown} in training, which the default loss cannot read as one prediction "
+            "(a distilled or auxiliary head's outputs besides the logits); pass loss_fn=, a function (outputs, "
+            "batch) -> loss that combines them, e.g. lambda outputs, batch: (F.cross_entropy(outputs[0], batch[1]) "
+            "+ F.cross_entropy(outputs[1], batch[1])) / 2"
+        )
+    return {}
 
 
 def _counted_targets(batch: Any, target_key: int | str | None, causal: bool) -> Tensor | None:

@@ -211,6 +211,7 @@ def make_train_step(
     norms: bool = False,
     loss_units: Callable[[Any], Tensor] | None = None,
     units_scale: float = 1.0,
+    reseed: Callable[[int], None] | None = None,
 ) -> StepFn:
     """Returns the training step: the plan's traced events around a functional gradient and ``tx``'s update.
 
@@ -255,7 +256,9 @@ def make_train_step(
     communication overlaps it. The metrics then also
     hold ``samples``, the global sample count. With ``guard_failures``, a process may join the sum with a failure
     mark instead (``failed_contribution``, a process out of memory): the count is then infinite and the update
-    skipped.
+    skipped. ``reseed(offset)`` (microbatched eager steps) is called before each microbatch with its first
+    sample's place in the global batch, where the trainer seeds the model's own random layers
+    (``composer_fn.trainer.randomness``).
     """
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"grad_mode={grad_mode!r} must be one of {', '.join(GRAD_MODES)}")
@@ -411,6 +414,7 @@ def make_train_step(
             guarded=guard_failures,
             units=loss_units,
             units_scale=units_scale,
+            reseed=reseed,
         )
 
     def train_step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:

@@ -102,7 +102,9 @@ from composer_fn.trainer.outputs import (
     labelled_positions,
     logits_of,
     positions_per_sample,
+    settle_loss_function,
 )
+from composer_fn.trainer.randomness import ModelDraws
 from composer_fn.trainer.step import (
     GRAD_MODES,
     GradMode,
@@ -475,6 +477,7 @@ class Trainer:
         self._fit_start = time.perf_counter()
         self._batches: Iterator[Any] | None = None
         self._batch: Any = None
+        self._draws_told = False
         self._meta = BatchMeta(0)
         given = getattr(train_dataloader, "batch_size", None)
         self._rank_batch = given if isinstance(given, int) and given > 0 else None
@@ -498,7 +501,8 @@ class Trainer:
         )
 
         check_surgery_conflicts(self.algorithms, model)
-        structure = copy.deepcopy(model).to(target_device).train()
+        # Hugging Face models resolve their loss function once, here, so that no forward of the run logs doing it.
+        structure = settle_loss_function(copy.deepcopy(model)).to(target_device).train()
         wants_data = any("train_data" in a.requires for a in self.algorithms)
         self.static = Static(
             module=structure,
@@ -508,6 +512,7 @@ class Trainer:
             train_inputs=self._train_inputs if wants_data else None,
         )
         state = initial_state(structure, R.key(seed, device=target_device))
+        self._draws = ModelDraws(self.static.seed, target_device)
         self.timestamp = Timestamp().with_max_duration(Time(self.max_steps, TimeUnit.BATCH))
         plan = self._plan(self.timestamp)
         for diagnostic in plan.diagnostics:
@@ -571,6 +576,8 @@ class Trainer:
                 norms=self._step_norms,
                 loss_units=self._loss_units,
                 units_scale=self._units_scale or 1.0,
+                # A compiled graph draws its seeds once, at its start.
+                reseed=None if self.compile else self._draws.reseed,
             )
             if self.compile:
                 step = compile_step(step, self._counting_backend())
@@ -614,8 +621,12 @@ class Trainer:
         # The model computes its own loss from the labels it is given: the check's forward goes without them (it
         # would fail inside that loss), and the labels are checked against its logits.
         own_loss = self._keywords(batch) and "labels" in batch and (accepted is None or "labels" in accepted)
+        unlabelled = None
         if self._keywords(batch):
-            first = pytree.tree_map(_first_sample, {k: v for k, v in batch.items() if k != "labels"})
+            # As the step calls it: with the labels (a sequence-to-sequence model builds its decoder's inputs from
+            # them); where that fails (a label the model's own loss cannot take), without them, for the check below.
+            first = pytree.tree_map(_first_sample, dict(batch))
+            unlabelled = {k: v for k, v in first.items() if k != "labels"}
         else:
             key = self.input_key if self.input_key is not None else 0
             _item(batch, self.target_key, "target_key", where)
@@ -625,7 +636,12 @@ class Trainer:
         training = module.training
         try:
             module.eval()
-            outputs = self._forward(step, first, where)
+            try:
+                outputs = self._forward(step, first, where)
+            except ValueError:
+                if unlabelled is None or not own_loss:
+                    raise
+                outputs = self._forward(step, unlabelled, where)
         finally:
             module.train(training)
         if own_loss:
@@ -994,13 +1010,17 @@ class Trainer:
             step = self._fitting_step(step, plan, frozen)
         else:
             try:
-                self.state, outputs = step(self.state, self._batch)
+                with self._draws.around(self.timestamp.batch, self._first_sample()):
+                    self.state, outputs = step(self.state, self._batch)
             except RuntimeError as error:
                 raise distributed.explained(error, self.world, self.timestamp.batch) from error
             self._loss = outputs["loss"]
             if self._step_norms:
                 self._norms = {name: value for name, value in outputs.items() if name.startswith("l2_norm/")}
         self._batch = None
+        if self._draws.drew and not self._draws_told:
+            self._draws_told = True
+            self._tell_draws()
         if self.progress_bar:
             self._bar.update(1)
         samples, tokens = self._meta.batch_size, self._meta.tokens
@@ -1010,13 +1030,32 @@ class Trainer:
             self._profile.step()
         return Progress(samples, tokens, time.perf_counter() - began)
 
+    def _first_sample(self) -> int:
+        # This process's first sample's place in the global batch (ranks before it hold B samples each).
+        return self.world.rank * max(self._rank_batch or 1, 1)
+
+    def _tell_draws(self) -> None:
+        # Once, after the first step: a model with random layers of its own draws a mask per tensor, so where
+        # batches are cut into microbatches or processes, its draws are those of that cut.
+        if not (self.world.size > 1 or self._auto_microbatch or self.device_train_microbatch_size is not None):
+            return
+        processes = f" over {self.world.size} processes" if self.world.size > 1 else ""
+        warnings.warn(
+            f"{type(self.static.module).__name__} draws random numbers of its own in training (dropout), and this "
+            f"run cuts its batches into microbatches{processes}: a mask is drawn per tensor, so its draws are those "
+            "of runs with the same microbatch size (on any number of processes), not those of a run that cuts its "
+            "batches otherwise; everything else is the same, and the run is reproducible from its seed",
+            stacklevel=4,
+        )
+
     def _fitting_step(self, step: StepFn, plan: Plan, frozen: frozenset[str]) -> StepFn:
         # device_train_microbatch_size='auto': a step that runs out of memory on any process is retried by every
         # process from the state before it, with half the microbatch.
         while True:
             failed, state, outputs = False, self.state, None
             try:
-                state, outputs = step(self.state, self._batch)
+                with self._draws.around(self.timestamp.batch, self._first_sample()):
+                    state, outputs = step(self.state, self._batch)
             except Exception as error:  # noqa: BLE001 -- only out-of-memory errors are caught; others re-raise
                 if not distributed.is_out_of_memory(error):
                     if isinstance(error, RuntimeError):

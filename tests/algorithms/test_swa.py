@@ -241,8 +241,10 @@ def test_a_compiled_run_equals_the_eager_run(fresh_compiler) -> None:
     eager.fit()
     compiled = _trainer(algorithms, max_duration="10ba", compile="aot_eager")
     compiled.fit()
+    # The eager and compiled steps round apart (up to 3.1e-5 measured over these 10 steps, in a few elements);
+    # a wrong average is off by the weights' whole movement.
     for name, tensor in eager.state.params.items():
-        torch.testing.assert_close(compiled.state.params[name], tensor, rtol=0, atol=1e-6)
+        torch.testing.assert_close(compiled.state.params[name], tensor, rtol=0, atol=1e-4)
     assert math.isfinite(float(compiled.state.params["head.bias"].sum()))
 
 

@@ -1,0 +1,79 @@
+"""The model's own random draws (``nn.Dropout``, ``F.dropout``, attention dropout, a third-party stochastic depth)
+as a function of the run's key and step.
+
+Layers a user brings draw from torch's global generators, which a seed given to the trainer would not reach.
+Around each training step the trainer seeds the generators of the CPU and of the run's device from the run's
+key, the step and the place of the microbatch in the global batch, and puts their earlier state back after it:
+two runs with one seed draw the same masks, a resumed run draws what the uninterrupted one drew at that step,
+and nothing outside the step (a data loader's shuffle) sees a different generator than it would have.
+
+An eager step reseeds before each microbatch from that microbatch's place, so a run on N processes with batch B
+draws what one process with microbatches of B draws. A dropout mask is drawn per tensor, though: a run whose
+batches are cut otherwise (another microbatch size, or a compiled step, which draws one batch of seeds for its
+whole graph) draws other masks; ``ModelDraws.drew`` tells whether the model draws at all, for the warning
+that says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from composer_fn.core import random as R
+
+__all__ = ["ModelDraws", "model_seed"]
+
+
+def model_seed(seed: int, step: int, offset: int = 0) -> int:
+    """Returns the seed torch's generators hold for the model's draws at ``step`` (the optimizer steps taken
+    before it) in the microbatch whose first sample is at ``offset`` of the global batch, in a run of ``seed``:
+    what a hand-written loop seeds to draw the masks a run draws."""
+    word0, word1 = R.host_fold_in(R.host_fold_in(R.host_key(seed), step), offset)
+    return (word0 << 32) | word1
+
+
+class ModelDraws:
+    """Seeds torch's generators for the model's own draws at each step (see the module docstring)."""
+
+    def __init__(self, seed: int, device: torch.device) -> None:
+        self._seed = seed
+        self._generators = [torch.default_generator]
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self._generators.append(torch.cuda.default_generators[index])
+        self._step: int | None = None
+        self._seeded: list[torch.Tensor] = []
+        self.drew: bool | None = None
+        """Whether the model drew from the generators in the first step seeded (None before it)."""
+
+    @contextlib.contextmanager
+    def around(self, step: int, offset: int) -> Iterator[None]:
+        """Runs the block (one training step) with the generators seeded for ``step`` and the step's first
+        sample at ``offset`` of the global batch; their earlier state is put back after it."""
+        saved = [generator.get_state() for generator in self._generators]
+        self._step = step
+        try:
+            self.reseed(offset)
+            yield
+            if self.drew is None:
+                self.drew = any(
+                    not torch.equal(generator.get_state(), seeded)
+                    for generator, seeded in zip(self._generators, self._seeded, strict=True)
+                )
+        finally:
+            self._step = None
+            for generator, state in zip(self._generators, saved, strict=True):
+                generator.set_state(state)
+
+    def reseed(self, offset: int) -> None:
+        """Seeds the generators for the microbatch whose first sample is at ``offset`` of the global batch (a
+        no-op outside ``around`` and inside a compiled graph)."""
+        if self._step is None or torch.compiler.is_compiling():
+            return
+        seed = model_seed(self._seed, self._step, offset)
+        for generator in self._generators:
+            generator.manual_seed(seed)
+        if self.drew is None:
+            self._seeded = [generator.get_state() for generator in self._generators]
