@@ -238,9 +238,12 @@ def positions_per_sample(batch: Any, target_key: int | str | None, causal: bool)
 def default_per_sample_loss(target_key: int | str | None, causal: bool) -> LossFn:
     """Returns ``fn(outputs, batch) -> [B]``: each sample's cross-entropy of the logits against the targets,
     averaged over its labelled positions (``-100`` ignored; 0 for a sample without any), after the causal shift
-    where ``causal``. It agrees with the model's own loss for a batch of one sample."""
+    where ``causal``. It agrees with the model's own loss for a batch of one sample. Auxiliary heads' logits
+    (GoogLeNet's, Inception's) are left out; outputs the default loss cannot read are refused as it refuses them.
+    """
 
     def losses(outputs: Any, batch: Any) -> Tensor:
+        auxiliary_weights(outputs)
         logits, target = causal_shift(logits_of(outputs), batch_target(batch, target_key), causal)
         if logits.dim() > 2 and logits.dim() == target.dim() + 1 and logits.shape[:-1] == target.shape:
             logits = logits.movedim(-1, 1)

@@ -618,8 +618,7 @@ class Trainer:
             return
         where = "train_dataloader's first batch"
         accepted = keyword_names(self.static.module)
-        # The model computes its own loss from the labels it is given: the check's forward goes without them (it
-        # would fail inside that loss), and the labels are checked against its logits.
+        # The model computes its own loss from the labels it is given: the labels are checked against its logits.
         own_loss = self._keywords(batch) and "labels" in batch and (accepted is None or "labels" in accepted)
         unlabelled = None
         if self._keywords(batch):

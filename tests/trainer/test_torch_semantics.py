@@ -21,6 +21,7 @@ from composer_fn.testing.differential import ADAMW, SGD_MOMENTUM, keyword_refere
 from composer_fn.testing.models import language_model, token_batches
 from composer_fn.trainer import Trainer
 from composer_fn.trainer.model import load_model
+from composer_fn.trainer.outputs import default_per_sample_loss
 from composer_fn.trainer.randomness import model_seed
 
 pytest.importorskip("transformers")
@@ -194,6 +195,10 @@ def test_outputs_the_default_loss_cannot_read_are_refused_naming_their_type_and_
     batches = [(torch.rand(2, 3, 32, 32), torch.tensor([0, 3]))]
     with pytest.raises(TypeError, match=r"returns a tuple of 2 items in training.*loss_fn="):
         _trained(model, batches)
+    with torch.no_grad():
+        outputs = model.train()(batches[0][0])
+    with pytest.raises(TypeError, match=r"returns a tuple of 2 items in training.*loss_fn="):
+        default_per_sample_loss(None, causal=False)(outputs, batches[0])
 
 
 def test_a_sequence_to_sequence_model_trains_on_labels_only_batches_as_its_torch_optim_loop() -> None:
