@@ -8,7 +8,9 @@ Usage: python benchmarks/method_matrix.py [--models a,b] [--methods x,y] [--step
 
 Rows: the torchvision and timm models of ``composer_fn.testing.models.VISION_MODELS`` (64×64 images, ViTs at
 32×32) and the Hugging Face GPT-2, BERT (masked LM and classification) and Llama of ``LANGUAGE_MODELS``
-(right-padded 16-token batches with their ``attention_mask``). Columns: every registered method, built with its
+(right-padded 16-token batches with their ``attention_mask``); then ``MORE_ROWS``, library models whose
+structure trips methods up: auxiliary heads (GoogLeNet, Inception v3), one resolution only (LeViT, MaxViT)
+and a parent reading its layer's weight (Swin v2), each at the smallest size its library accepts. Columns: every registered method, built with its
 defaults as a new user would. Each cell trains 2 epochs of ``--steps`` batches of 2 through the Trainer (SGD,
 seed 0; two epochs, so that methods acting at an epoch's end act) and is compared with the same run without the
 method:
@@ -51,7 +53,15 @@ from composer_fn.trainer import Trainer
 
 STOPPERS = {"early_stopper", "threshold_stopper"}
 METHODS = sorted(set(REGISTRY) - STOPPERS)
-ROWS = [*VISION_MODELS, *(f"hf/{name}" for name in LANGUAGE_MODELS)]
+MORE_ROWS = {
+    "torchvision/googlenet": 64,
+    "torchvision/inception_v3": 299,
+    "torchvision/maxvit_t": 224,
+    "torchvision/swin_v2_t": 64,
+    "timm/levit_128s": 224,
+}
+"""Library models at full width whose structure trips methods up, with the image size each is trained at."""
+ROWS = [*VISION_MODELS, *(f"hf/{name}" for name in LANGUAGE_MODELS), *MORE_ROWS]
 
 
 def _batches(row: str, steps: int) -> tuple[list[Any], Any]:
@@ -61,7 +71,7 @@ def _batches(row: str, steps: int) -> tuple[list[Any], Any]:
         kind = {"hf/gpt2": "causal", "hf/llama": "causal", "hf/bert-mlm": "masked"}.get(row, "classification")
         batches = token_batches(steps + 1, batch_size=2, length=16, kind=kind)
         return batches[:steps], batches[steps]
-    size = 32 if "vit" in row else 64
+    size = MORE_ROWS.get(row, 32 if "vit" in row else 64)
     images = torch.rand(steps + 1, 2, 3, size, size, generator=generator)
     labels = torch.randint(0, 10, (steps + 1, 2), generator=generator)
     batches = [(images[i], labels[i]) for i in range(steps + 1)]
@@ -71,6 +81,19 @@ def _batches(row: str, steps: int) -> tuple[list[Any], Any]:
 def _model(row: str) -> nn.Module:
     if row.startswith("hf/"):
         return language_model(row[3:])  # type: ignore[no-any-return]
+    if row in MORE_ROWS:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            library, _, architecture = row.partition("/")
+            if library == "timm":
+                import timm
+
+                return timm.create_model(architecture, pretrained=False, num_classes=10)  # type: ignore[no-any-return]
+            import torchvision
+
+            # GoogLeNet and Inception v3 with their auxiliary heads, as torchvision builds them to train.
+            extra = {"aux_logits": True, "init_weights": False} if "googlenet" in row or "inception" in row else {}
+            return torchvision.models.get_model(architecture, weights=None, num_classes=10, **extra)  # type: ignore[no-any-return]
     return vision_model(row)
 
 
@@ -89,7 +112,8 @@ def _run(row: str, method: str | None, steps: int, epochs: int = 2) -> tuple[nn.
             output = model(**inputs).logits
         else:
             output = model(probe[0])
-    return model, output
+    # A model with auxiliary heads answers with a record in training; the probe reads its main logits.
+    return model, getattr(output, "logits", output)
 
 
 def _structure(model: nn.Module) -> list[tuple[str, Any]]:
@@ -148,7 +172,9 @@ SHORT = {
     "torchvision/efficientnet_b0": "tv effb0", "torchvision/convnext_tiny": "tv cnx-t", "torchvision/vit_b_16": "tv vit",
     "timm/resnet18": "timm r18", "timm/efficientnet_b0": "timm effb0", "timm/convnext_atto": "timm cnx-a",
     "timm/vit_tiny_patch16_224": "timm vit", "hf/gpt2": "GPT-2", "hf/bert-mlm": "BERT-MLM",
-    "hf/bert-classification": "BERT-cls", "hf/llama": "Llama",
+    "hf/bert-classification": "BERT-cls", "hf/llama": "Llama", "torchvision/googlenet": "tv googlenet",
+    "torchvision/inception_v3": "tv incep3", "torchvision/maxvit_t": "tv maxvit", "torchvision/swin_v2_t": "tv swin2",
+    "timm/levit_128s": "timm levit",
 }  # fmt: skip
 MARKS = {"changes": "✓", "warned": "W", "refused": "R", "SILENT": "**SILENT**", "DEEP ERROR": "**ERROR**"}
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 import copy
 import fnmatch
 import functools
+import inspect
+import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -440,6 +442,7 @@ class Surgery(Algorithm):
             rewritten = self._restricted_rewrite(current, surgery_key(state.key, self.name), timestamp)
         rewritten = rewritten.to(static.device)
         _check_ties(self, current, rewritten)
+        _check_direct_reads(self, current, rewritten)
         params, buffers = module_tensors(rewritten)
         return static.replace(module=rewritten), state.replace(params=params, buffers=buffers)
 
@@ -478,3 +481,54 @@ def _check_ties(surgery: Surgery, before: nn.Module, after: nn.Module) -> None:
             f"the rewritten model would train them apart; leave the layer out, e.g. "
             f"{type(surgery).__name__}(target_modules=...) naming the other layers"
         )
+
+
+_CONSTRUCTION = frozenset({"__init__", "reset_parameters", "_reset_parameters", "init_weights", "_init_weights", "extra_repr"})
+"""Methods that run when a module is built or printed, not in training: what they read does not matter here."""
+
+
+def _check_direct_reads(surgery: Surgery, before: nn.Module, after: nn.Module) -> None:
+    # A module that reads a child's tensor itself rather than calling the child (torchvision's Swin attention hands
+    # self.qkv.weight to a function) would find no such tensor on a replacement that holds other ones (a
+    # factorized layer's two factors) and fail inside its own code at the first forward: refused now, naming the
+    # reader and the fix.
+    rewritten = dict(after.named_modules(remove_duplicate=False))
+    for name, old in before.named_modules(remove_duplicate=False):
+        new = rewritten.get(name)
+        if not name or new is None or type(new) is type(old):
+            continue
+        lost = tuple(t for t in (*old._parameters, *old._buffers) if not isinstance(getattr(new, t, None), Tensor))
+        owner_path, _, attribute = name.rpartition(".")
+        owner = before.get_submodule(owner_path)
+        read = _direct_read(type(owner), attribute, lost) if lost else None  # type: ignore[arg-type]  # classes hash
+        if read is None:
+            continue
+        method, tensor = read
+        raise ValueError(
+            f"{type(surgery).__name__} would replace {name!r} ({type(old).__name__}) by a "
+            f"{type(new).__name__}, but {type(owner).__name__}.{method}() reads self.{attribute}.{tensor} itself "
+            f"instead of calling the layer, and the replacement holds no {tensor!r}: the model would fail inside "
+            f"{type(owner).__module__}. Leave the layer out, e.g. {type(surgery).__name__}(target_modules=...) "
+            "naming the other layers"
+        )
+
+
+@functools.cache
+def _direct_read(owner: type[nn.Module], attribute: str, tensors: tuple[str, ...]) -> tuple[str, str] | None:
+    # The first method of ``owner``'s class (or a base class below nn.Module) whose source reads
+    # ``self.<attribute>.<tensor>``, with that tensor; None when none does or no source can be read.
+    pattern = re.compile(rf"\bself\.{re.escape(attribute)}\.({'|'.join(map(re.escape, tensors))})\b")
+    for klass in owner.__mro__:
+        if klass is nn.Module or not issubclass(klass, nn.Module):
+            break
+        for method, function in vars(klass).items():
+            if method in _CONSTRUCTION or not inspect.isfunction(function):
+                continue
+            try:
+                source = inspect.getsource(function)
+            except (OSError, TypeError):
+                continue
+            found = pattern.search(source)
+            if found:
+                return method, found.group(1)
+    return None

@@ -11,23 +11,31 @@ corner drawn from the step's key). Targets are resized too with ``resize_targets
 Some models accept one input size only: a vision transformer whose position embeddings have one entry per
 patch of that size (torchvision's ``VisionTransformer``, timm's with a strict ``PatchEmbed``, Hugging Face's
 ViT and DeiT). At INIT the record looks for such a declared size in the model and refuses to start, naming the
-module and its size, rather than let the first smaller batch fail inside the model. The size is read from
-what these classes declare, not found by running the model on a smaller input: the model's own tensors are
-not the step's (``Static.module`` is structure only), a probe forward costs a forward of the full model on
-the device, and a failure inside it could have other causes; a declared size is exact, free and nameable.
-A timm model built with ``dynamic_img_size=True`` interpolates its position embeddings and is accepted.
+module and its size. A timm model built with ``dynamic_img_size=True`` interpolates its position embeddings
+and is accepted.
+
+Other models fail at sizes they declare nowhere: attention biases laid out for one resolution (timm's LeViT),
+windows that must tile every stage's feature map (torchvision's MaxViT), or an auxiliary head whose kernel
+outgrows a small feature map (torchvision's Inception v3). So at the first batch the record runs the model's
+forward on every size the run can visit, from the full size down (``size_failure``), on fake tensors (shapes
+without values: nothing is computed) where they serve, and refuses to start at the largest size that fails,
+naming it, the model's error, and the ``initial_scale`` whose sizes all pass. A model that fails at its full
+size too says nothing this way (its own step will say why), so nothing is refused on another cause.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable, Mapping
+import math
+import weakref
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
+from torch.func import functional_call
 
 from composer_fn.algorithms._keys import check_key
 from composer_fn.algorithms._no_op import warn_changes_nothing
@@ -35,7 +43,7 @@ from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
 from composer_fn.core.event import Event
-from composer_fn.core.host import readable_on_host
+from composer_fn.core.host import on_fake_tensors, readable_on_host
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx, batch_get, batch_set, target_key_of
 from composer_fn.core.time import Timestamp
 
@@ -48,6 +56,8 @@ __all__ = [
     "crop_apply",
     "resize_apply",
     "fixed_input_size",
+    "visited_sizes",
+    "size_failure",
     "resize_batch",
 ]
 
@@ -280,6 +290,77 @@ def check_resizable(model: torch.nn.Module, does: str, method: str) -> None:
     )
 
 
+def visited_sizes(height: int, width: int, initial_scale: float, size_increment: int = 4) -> list[tuple[int, int]]:
+    """Returns every ``(height, width)`` that ``pinned_size`` gives for a scale in ``[initial_scale, 1]``,
+    largest first: the full size, then each multiple of ``size_increment`` down to the initial width."""
+    low = pinned_size(height, width, initial_scale, size_increment)[1]
+    widths = sorted({width, *range(low, width, size_increment)} if low < width else {width}, reverse=True)
+    return [(height, width) if w == width else (max((height * w) // width, 1), w) for w in widths]
+
+
+_PASSED: weakref.WeakKeyDictionary[nn.Module, set[tuple[int, ...]]] = weakref.WeakKeyDictionary()
+"""The input shapes each module's forward was found to take by ``size_failure`` with every size given, so a run
+asks once."""
+
+
+def size_failure(
+    module: nn.Module,
+    params: Mapping[str, Tensor],
+    buffers: Mapping[str, Tensor],
+    input_shape: Sequence[int],
+    sizes: Sequence[tuple[int, int]],
+) -> tuple[tuple[int, int], tuple[int, int] | None, str] | None:
+    """Returns ``(size, smallest passing size or None, error)`` for the first of ``sizes`` (largest first, the
+    first the full size) at which ``module`` with ``params`` and ``buffers`` fails on inputs like
+    ``input_shape`` (two samples, its last two dims set to the size); None when every size passes, or when
+    the first fails too (the model fails for another cause, which its own step reports).
+
+    The forward runs in the module's mode (training: auxiliary heads included), without gradients, on fake
+    tensors where those run the full size (else on real ones, on the tensors' device), with torch's generator
+    put back after; buffers are copies, so BatchNorm statistics do not move.
+    """
+    if not sizes:
+        return None
+    template = next((t for t in params.values() if t.is_floating_point()), None)
+    dtype = template.dtype if template is not None else torch.float32
+    device = template.device if template is not None else torch.device("cpu")
+    shape = (2, *input_shape[1:-2])
+    key = (*shape, *(dim for size in sizes for dim in size))
+    if key in _PASSED.get(module, set()):
+        return None
+
+    def forward(size: tuple[int, int], tensors: tuple[dict[str, Tensor], dict[str, Tensor]]) -> None:
+        functional_call(module, tensors, (torch.zeros((*shape, *size), dtype=dtype, device=device),))
+
+    def run(size: tuple[int, int], fake: bool) -> None:
+        tensors = ({**params}, {name: b.clone() for name, b in buffers.items()})
+        if fake:
+            on_fake_tensors(forward, size, tensors)
+        else:
+            forward(size, tensors)
+
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+        fake = True
+        try:
+            run(sizes[0], fake)
+        except Exception:  # noqa: BLE001 -- a model fake tensors cannot run is run on real ones
+            fake = False
+            try:
+                run(sizes[0], fake)
+            except Exception:  # noqa: BLE001 -- failing at full size, the model fails for another cause
+                return None
+        passed: tuple[int, int] = sizes[0]
+        for size in sizes[1:]:
+            try:
+                run(size, fake)
+            except Exception as error:  # noqa: BLE001 -- the model's own error, reported with the size
+                smaller = passed if passed != sizes[0] else None
+                return size, smaller, (str(error).strip().splitlines() or [type(error).__name__])[0]
+            passed = size
+    _PASSED.setdefault(module, set()).add(key)
+    return None
+
+
 @register
 @dataclass(frozen=True)
 class ProgressiveResizing(Algorithm):
@@ -319,7 +400,33 @@ class ProgressiveResizing(Algorithm):
             )
 
     def host_hooks(self) -> Mapping[Event, HostHook]:
-        return {Event.INIT: self._check_model}
+        return {Event.INIT: self._check_model, Event.BATCH_START: self._check_sizes}
+
+    def _check_sizes(
+        self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
+    ) -> tuple[Static, State]:
+        # Every size the run can visit, tried once before the first step: a model that cannot take one is refused
+        # now, naming it, rather than failing inside its own code when the run gets there.
+        if self.initial_scale == 1 or meta is None or len(meta.input_shape) < 3:
+            return static, state
+        height, width = meta.input_shape[-2], meta.input_shape[-1]
+        sizes = visited_sizes(height, width, self.initial_scale, self.size_increment)
+        failure = size_failure(static.module, state.params, state.buffers, meta.input_shape, sizes)
+        if failure is None:
+            return static, state
+        (low_height, low_width), passed, error = failure
+        smallest = sizes[-1]
+        fix = (
+            f"use initial_scale={math.ceil(passed[1] / width * 100) / 100} or more (its sizes all pass), or leave "
+            "ProgressiveResizing out"
+            if passed is not None
+            else "leave ProgressiveResizing out for this model"
+        )
+        raise ValueError(
+            f"ProgressiveResizing(initial_scale={self.initial_scale}) trains on images from {smallest[0]}x"
+            f"{smallest[1]} up to {height}x{width}, but {type(static.module).__name__} fails on {low_height}x"
+            f"{low_width} inputs ({error}); {fix}"
+        )
 
     def _check_model(
         self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None

@@ -13,11 +13,14 @@ that follows it in timm's blocks) in a ``StochasticBranch``, which holds the lay
 - in evaluation, multiplies by the keep probability 1 − p, the expectation of the training mask (Huang et
   al.'s convention, and Composer's; see Composer issue #372).
 
-Run eagerly, a dropped block skips its branch: the convolutions are not computed, their parameters get zero
-gradients and their BatchNorm statistics stay as they were, which is the method's saving. Traced (compiled
-or exported), the block computes its branch and multiplies it by the keep mask (behind an identity shortcut it
-then selects ``x`` with ``torch.where``), and keeps the branch's BatchNorm statistics where the block is
-dropped: one static graph with the eager step's result.
+Run eagerly, a dropped block skips its branch: the convolutions are not computed, their parameters get no
+gradient and no update (as ``torch.optim`` skips a parameter whose ``.grad`` is None: no momentum, no weight
+decay that step) and their BatchNorm statistics stay as they were, which is the method's saving. Traced
+(compiled or exported), the block computes its branch and multiplies it by the keep mask (behind an identity
+shortcut it then selects ``x`` with ``torch.where``), and keeps the branch's BatchNorm statistics where the
+block is dropped: one static graph with the eager step's forward. Its branch's parameters get zero gradients
+there, which an optimizer with momentum or weight decay turns into a small step that the eager run does not
+take.
 
 The rate of the ``l``-th of ``L`` target blocks (in module order, so by depth) is ``p_l = drop_rate · (l+1)/L``
 with ``'linear'`` and ``drop_rate`` with ``'uniform'``. It lives in each layer's ``drop_rate`` buffer, so a

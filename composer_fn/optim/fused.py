@@ -2,7 +2,7 @@
 
 ``GradientTransformation.fused(params, grads, state, scale) -> state`` performs a whole optimizer step in
 place: it writes the new parameters into ``params``' tensors and the new moments into ``state``'s, and returns
-the new state record (a new count; the same moment tensors). ``scale`` multiplies the learning rate, and with
+the new state record (new counts; the same moment tensors). ``scale`` multiplies the learning rate, and with
 it every term the learning rate multiplies (the schedule's multiplier). The arithmetic is torch's: the fused
 kernels ``torch._fused_sgd_``/``_fused_adam_``/``_fused_adamw_`` where the tensors' device has them and each
 parameter's gradient and state share its memory layout (the kernels pair elements in memory order), else
@@ -78,10 +78,14 @@ def _groups(*lists: list[Tensor]) -> list[tuple[bool, _Group]]:
 def _one_layout(group: _Group) -> bool:
     # The fused kernels pair the i-th elements of a parameter, its gradient and its state in memory order, so
     # they are exact only where all of them share the parameter's strides; torch's foreach arithmetic pairs
-    # elements by index, in any layout.
+    # elements by index, in any layout. Per-parameter counts (0-d) have no layout.
     params, *others = group
     strides = [param.stride() for param in params]
-    return all([tensor.stride() for tensor in tensors] == strides for tensors in others if tensors)
+    return all(
+        [tensor.stride() for tensor in tensors] == strides
+        for tensors in others
+        if tensors and any(tensor.dim() for tensor in tensors)
+    )
 
 
 def _decay_in_place(params: list[Tensor], amount: float) -> None:
@@ -109,18 +113,34 @@ def sgd_in_place(
         names, param_list, grad_list = aligned(params, grads, "grads")
         rate = learning_rate * scale
         coupled = 0.0 if decoupled else weight_decay
-        trace: Any = state["momentum"]
-        buffer_list = [trace.momentum_buffer[n] for n in names] if momentum > 0.0 else []
-        first = momentum > 0.0 and int(trace.count) == 0
         if decoupled:
             _decay_in_place(param_list, scale * weight_decay)
-        for native, group in _groups(param_list, grad_list, buffer_list):
-            _sgd_group(group, native, rate, momentum, dampening, nesterov, coupled, first)
         if momentum == 0.0:
+            for native, group in _groups(param_list, grad_list, []):
+                _sgd_group(group, native, rate, momentum, dampening, nesterov, coupled, False)
             return state
-        return {**state, "momentum": type(trace)(count=trace.count + 1, momentum_buffer=trace.momentum_buffer)}
+        trace: Any = state["momentum"]
+        counts = [trace.count[n] for n in names]
+        # A parameter's first step copies its gradient into its buffer (torch's ``is_first_step``); parameters
+        # at their first step and the others go to the kernel apart. One host read gives every count.
+        firsts = _firsts(counts)
+        for first in sorted(set(firsts)):
+            chosen = [index for index, value in enumerate(firsts) if value == first]
+            lists = [param_list, grad_list, [trace.momentum_buffer[n] for n in names]]
+            part = lists if len(chosen) == len(names) else [[values[i] for i in chosen] for values in lists]
+            for native, group in _groups(*part):
+                _sgd_group(group, native, rate, momentum, dampening, nesterov, coupled, first)
+        new_counts = dict(zip(names, torch._foreach_add(counts, 1), strict=True))
+        return {**state, "momentum": type(trace)(count={**trace.count, **new_counts}, momentum_buffer=trace.momentum_buffer)}
 
     return fused
+
+
+def _firsts(counts: list[Tensor]) -> list[bool]:
+    if not counts:
+        return []
+    zero: list[bool] = torch.stack([count.to(counts[0].device) for count in counts]).eq(0).tolist()
+    return zero
 
 
 def _sgd_group(
@@ -174,13 +194,14 @@ def adam_in_place(
         moments: Any = state["adam"]
         mu = [moments.mu[n] for n in names]
         nu = [moments.nu[n] for n in names]
-        count = moments.count + 1
-        step = int(count)
+        # Each parameter's own step, as torch.optim's: the kernels read them from the tensors.
+        steps = list(torch._foreach_add([moments.count[n] for n in names], 1.0))
         if decay == "decoupled":
             _decay_in_place(param_list, scale * weight_decay)
-        for native, group in _groups(param_list, grad_list, mu, nu):
-            _adam_group(group, native, step, rate, b1, b2, eps, weight_decay, decay)
-        return {**state, "adam": type(moments)(count=count, mu=moments.mu, nu=moments.nu)}
+        for native, group in _groups(param_list, grad_list, mu, nu, steps):
+            _adam_group(group, native, rate, b1, b2, eps, weight_decay, decay)
+        counts = {**moments.count, **dict(zip(names, steps, strict=True))}
+        return {**state, "adam": type(moments)(count=counts, mu=moments.mu, nu=moments.nu)}
 
     return fused
 
@@ -188,7 +209,6 @@ def adam_in_place(
 def _adam_group(
     group: _Group,
     native: bool,
-    step: int,
     rate: float,
     b1: float,
     b2: float,
@@ -196,12 +216,11 @@ def _adam_group(
     weight_decay: float,
     decay: WeightDecay,
 ) -> None:
-    params, grads, mu, nu = group
+    params, grads, mu, nu, steps = group
     if native:
         kernel = torch._fused_adamw_ if decay == "lr" else torch._fused_adam_
-        steps = [torch.full((), float(step), dtype=torch.float32, device=params[0].device)]
         kernel(
-            params, grads, mu, nu, [], steps * len(params),
+            params, grads, mu, nu, [], steps,
             lr=rate, beta1=b1, beta2=b2, weight_decay=0.0 if decay == "decoupled" else weight_decay,
             eps=eps, amsgrad=False, maximize=False,
         )  # fmt: skip
@@ -213,12 +232,14 @@ def _adam_group(
     torch._foreach_lerp_(mu, grads, 1.0 - b1)
     torch._foreach_mul_(nu, b2)
     torch._foreach_addcmul_(nu, grads, grads, 1.0 - b2)
-    bias_correction1 = 1.0 - b1**step
-    bias_correction2_sqrt = (1.0 - b2**step) ** 0.5
+    # One host read gives every parameter's step (torch's foreach Adam reads them one by one).
+    values: list[float] = torch.stack([step.to(steps[0].device) for step in steps]).tolist()
+    bias_correction1 = [1.0 - b1**step for step in values]
+    bias_correction2_sqrt = [(1.0 - b2**step) ** 0.5 for step in values]
     denominators = torch._foreach_sqrt(nu)
     torch._foreach_div_(denominators, bias_correction2_sqrt)
     torch._foreach_add_(denominators, eps)
-    torch._foreach_addcdiv_(params, mu, denominators, -rate / bias_correction1)
+    torch._foreach_addcdiv_(params, mu, denominators, [-rate / correction for correction in bias_correction1])
 
 
 def scheduled_fused(optimizer: FusedFn, schedule: Callable[..., Any]) -> FusedFn:

@@ -2,8 +2,13 @@
 
 Each function returns a :class:`~composer_fn.optim.base.GradientTransformation`. Updates are computed with
 ``torch._foreach_*`` over the list of tensors, out of place and without autograd history; counts are 0-d
-``int64`` tensors on the parameters' device, and the first-step special cases are selected with
-``torch.where`` on the count, so every transform traces under ``torch.compile(fullgraph=True)``.
+tensors on the parameters' devices, and the first-step special cases are selected with ``torch.where`` on the
+count, so every transform traces under ``torch.compile(fullgraph=True)``.
+
+Momentum and Adam keep one count per parameter, as ``torch.optim`` keeps a ``step`` per parameter: ``update``
+given the gradients of some parameters only (the others got none this step) advances those parameters'
+counts and moments alone, so a parameter that gets a gradient on some steps only is updated as torch updates
+it.
 """
 
 from __future__ import annotations
@@ -56,22 +61,33 @@ class ScaleByScheduleState(NamedTuple):
 
 
 class TraceState(NamedTuple):
-    """The state of :func:`trace`: the update count and one momentum buffer per parameter."""
+    """The state of :func:`trace`: each parameter's update count (0-d ``int64``) and momentum buffer."""
 
-    count: Tensor  # type: ignore[assignment]  # optax's field name; it shadows tuple.count
+    count: dict[str, Tensor]  # type: ignore[assignment]  # optax's field name; it shadows tuple.count
     momentum_buffer: dict[str, Tensor]
 
 
 class ScaleByAdamState(NamedTuple):
-    """The state of :func:`scale_by_adam`: the update count and the first (``mu``) and second (``nu``) moments."""
+    """The state of :func:`scale_by_adam`: each parameter's update count (0-d ``float32``, as torch's ``step``,
+    which its fused kernels read) and first (``mu``) and second (``nu``) moments."""
 
-    count: Tensor  # type: ignore[assignment]  # optax's field name; it shadows tuple.count
+    count: dict[str, Tensor]  # type: ignore[assignment]  # optax's field name; it shadows tuple.count
     mu: dict[str, Tensor]
     nu: dict[str, Tensor]
 
 
 def _zero_count(params: Params) -> Tensor:
     return torch.zeros((), dtype=torch.int64, device=params_device(params))
+
+
+def _zero_counts(params: Params, dtype: torch.dtype) -> dict[str, Tensor]:
+    return {name: torch.zeros((), dtype=dtype, device=p.device) for name, p in params.items()}
+
+
+def _counted(counts: list[Tensor]) -> Tensor:
+    # The parameters' counts as one vector: per-parameter coefficients come from one expression over it.
+    device = counts[0].device
+    return torch.stack([count.to(device) for count in counts])
 
 
 def _state_tensors(tensors: dict[str, Tensor], updates: Updates) -> list[Tensor]:
@@ -180,6 +196,7 @@ def trace(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> Gr
         b_t = m · b_{t−1} + (1 − d) · g_t      (t > 1)
         u_t = g_t + m · b_t  if nesterov  else  b_t
 
+    ``t`` counts the parameter's own updates (a parameter that gets no gradient on a step is left out of it).
     State: :class:`TraceState` with buffers shaped and typed like the parameters.
     """
     momentum = real_number("momentum", momentum, minimum=0.0)
@@ -193,23 +210,24 @@ def trace(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> Gr
     def init(params: Params) -> TraceState:
         with torch.no_grad():
             buffers = {name: torch.zeros_like(p) for name, p in params.items()}
-        return TraceState(count=_zero_count(params), momentum_buffer=buffers)
+        return TraceState(count=_zero_counts(params, torch.int64), momentum_buffer=buffers)
 
     def update(
         updates: Updates, state: OptState, params: Params | None = None
     ) -> tuple[dict[str, Tensor], TraceState]:
         if not updates:
-            return {}, TraceState(count=state.count + 1, momentum_buffer={})
+            return {}, TraceState(count={}, momentum_buffer={})
         grads = list(updates.values())
         buffers = _state_tensors(state.momentum_buffer, updates)
+        counts = _state_tensors(state.count, updates)
         with torch.no_grad():
             if dampening == 0.0:
                 # The buffers start at zero, so m·0 + g is g exactly on the first step: no switch needed.
                 new_buffers = torch._foreach_add(grads, buffers, alpha=momentum)
             else:
-                # With dampening the first step differs, so the coefficients switch on the count: 0·b + 1·g
-                # is g exactly, and one foreach expression serves every step with no branch on a tensor.
-                first = state.count == 0
+                # With dampening a parameter's first step differs, so its coefficients switch on its count:
+                # 0·b + 1·g is g exactly, and one foreach expression serves every step with no branch on a tensor.
+                first = _counted(counts) == 0
                 dtype = scalar_dtype(grads)
                 buffer_weight = torch.where(
                     first, torch.zeros_like(first, dtype=dtype), torch.full_like(first, momentum, dtype=dtype)
@@ -219,13 +237,13 @@ def trace(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> Gr
                     torch.ones_like(first, dtype=dtype),
                     torch.full_like(first, 1.0 - dampening, dtype=dtype),
                 )
-                new_buffers = torch._foreach_mul(buffers, buffer_weight)
-                torch._foreach_add_(new_buffers, torch._foreach_mul(grads, grad_weight))
+                new_buffers = torch._foreach_mul(buffers, list(buffer_weight.unbind()))
+                torch._foreach_add_(new_buffers, torch._foreach_mul(grads, list(grad_weight.unbind())))
             directions = torch._foreach_add(grads, new_buffers, alpha=momentum) if nesterov else new_buffers
-            count = state.count + 1
+            new_counts = torch._foreach_add(counts, 1)
         names = list(updates.keys())
         return dict(zip(names, directions, strict=True)), TraceState(
-            count=count, momentum_buffer=dict(zip(names, new_buffers, strict=True))
+            count=dict(zip(names, new_counts, strict=True)), momentum_buffer=dict(zip(names, new_buffers, strict=True))
         )
 
     return GradientTransformation(init, update)
@@ -240,7 +258,8 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
         ν_t = β₂ · ν_{t−1} + (1 − β₂) · g_t²
         u_t = (μ_t / (1 − β₁ᵗ)) / (√ν_t / √(1 − β₂ᵗ) + ε)
 
-    State: :class:`ScaleByAdamState` with moments shaped and typed like the parameters.
+    ``t`` counts the parameter's own updates, as torch's per-parameter ``step``. State: :class:`ScaleByAdamState`
+    with moments shaped and typed like the parameters.
     """
     b1 = real_number("b1", b1, minimum=0.0, maximum=1.0, open_above=True)
     b2 = real_number("b2", b2, minimum=0.0, maximum=1.0, open_above=True)
@@ -250,24 +269,26 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
         with torch.no_grad():
             mu = {name: torch.zeros_like(p) for name, p in params.items()}
             nu = {name: torch.zeros_like(p) for name, p in params.items()}
-        return ScaleByAdamState(count=_zero_count(params), mu=mu, nu=nu)
+        return ScaleByAdamState(count=_zero_counts(params, torch.float32), mu=mu, nu=nu)
 
     def update(
         updates: Updates, state: OptState, params: Params | None = None
     ) -> tuple[dict[str, Tensor], ScaleByAdamState]:
         if not updates:
-            return {}, ScaleByAdamState(count=state.count + 1, mu={}, nu={})
+            return {}, ScaleByAdamState(count={}, mu={}, nu={})
         grads = list(updates.values())
         mu = _state_tensors(state.mu, updates)
         nu = _state_tensors(state.nu, updates)
+        counts = _state_tensors(state.count, updates)
         with torch.no_grad():
-            count = state.count + 1
+            new_counts = list(torch._foreach_add(counts, 1.0))
             new_mu = torch._foreach_lerp(mu, grads, 1.0 - b1)
             new_nu = torch._foreach_mul(nu, b2)
             torch._foreach_addcmul_(new_nu, grads, grads, value=1.0 - b2)
-            steps = count.to(scalar_dtype(grads))
-            bias_correction1 = _one_minus_power(b1, steps)
-            bias_correction2_sqrt = torch.sqrt(_one_minus_power(b2, steps))
+            # Each parameter's bias corrections from its own count, computed over all counts at once.
+            steps = _counted(new_counts).to(scalar_dtype(grads))
+            bias_correction1 = list(_one_minus_power(b1, steps).unbind())
+            bias_correction2_sqrt = list(torch.sqrt(_one_minus_power(b2, steps)).unbind())
             denominators = torch._foreach_sqrt(new_nu)
             torch._foreach_div_(denominators, bias_correction2_sqrt)
             torch._foreach_add_(denominators, eps)
@@ -275,7 +296,9 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
             torch._foreach_div_(directions, bias_correction1)
         names = list(updates.keys())
         new_state = ScaleByAdamState(
-            count=count, mu=dict(zip(names, new_mu, strict=True)), nu=dict(zip(names, new_nu, strict=True))
+            count=dict(zip(names, new_counts, strict=True)),
+            mu=dict(zip(names, new_mu, strict=True)),
+            nu=dict(zip(names, new_nu, strict=True)),
         )
         return dict(zip(names, directions, strict=True)), new_state
 

@@ -48,6 +48,7 @@ __all__ = [
     "Comparison",
     "torchvision_models",
     "timm_models",
+    "unused_layer_model",
     "image_batches",
     "torch_reference",
     "keyword_reference",
@@ -328,6 +329,20 @@ def timm_models() -> dict[str, ModelCase]:
         ),
     ]
     return {case.name: case for case in cases}
+
+
+def unused_layer_model() -> ModelCase:
+    """Returns torchvision's ResNet at a small size carrying a head its forward never calls (one left over from
+    another task, as models brought from elsewhere often carry): ``torch.optim`` skips that head's parameters,
+    whose ``.grad`` stays None, so a step that decays or moves them is caught."""
+    from torchvision.models import resnet
+
+    def build() -> nn.Module:
+        model = resnet.ResNet(resnet.BasicBlock, [1, 1, 1, 1], num_classes=10)
+        model.add_module("old_head", nn.Linear(512, 5))
+        return model
+
+    return ModelCase("resnet18_unused_head", build, 32)
 
 
 def image_batches(case: ModelCase, steps: int, batch_size: int, seed: int = 0) -> list[Batch]:

@@ -98,9 +98,11 @@ def make_plain_step(
             loss = loss_fn(outputs, batch)
         trainable = [name for name in leaves if name not in frozen]
         objective = loss if scaler is None else scaler.scale(loss, state.hparams)
-        # A layer that skipped its compute this step (a dropped stochastic block) gets zero gradients.
-        differentiated = torch.autograd.grad(objective, [leaves[n] for n in trainable], materialize_grads=True)
-        grads = in_layout_of(dict(zip(trainable, differentiated, strict=True)), state.params)
+        # A parameter the loss does not reach this step (an unused layer, a skipped block) gets no gradient and
+        # no update, as in torch.optim.
+        differentiated = torch.autograd.grad(objective, [leaves[n] for n in trainable], allow_unused=True)
+        given = {name: g for name, g in zip(trainable, differentiated, strict=True) if g is not None}
+        grads = in_layout_of(given, state.params)
         if scaler is None:
             params, opt = update(grads, state.opt, state.params)
             return state.replace(params=params, buffers=buffers, opt=opt, step=state.step + 1), {"loss": loss.detach()}

@@ -40,7 +40,8 @@ class Summing(Protocol):
 
 
 _Sums = tuple[dict[str, Tensor], Tensor, dict[str, Tensor]]
-"""Sums over microbatches: the sample-weighted gradients and loss, and the normalization statistics."""
+"""Sums over microbatches: the sample-weighted gradients (of the parameters that got one), the loss, and the
+normalization statistics."""
 
 
 def norm_statistics(module: nn.Module) -> tuple[str, ...]:
@@ -82,24 +83,34 @@ def _accumulate(
 ) -> _Sums:
     # ``grads`` are those of the microbatch's loss weighted by its samples (or positions) over the full
     # microbatch's, and are the step's own (fresh from the gradient): the first microbatch's hold the running
-    # sum, added in place.
+    # sum, added in place. A parameter that got no gradient in a microbatch adds nothing; one that gets its
+    # first in a later microbatch joins the sum there.
     weighted_loss = loss.detach().float() * samples
     if sums is None:
-        return grads, weighted_loss, dict(statistics)
+        return dict(grads), weighted_loss, dict(statistics)
     for name, g in grads.items():
-        sums[0][name].add_(g)
+        if name in sums[0]:
+            sums[0][name].add_(g)
+        else:
+            sums[0][name] = g
     return sums[0], sums[1] + weighted_loss, {name: sums[2][name] + b for name, b in statistics.items()}
 
 
-def _flat(sums: _Sums, count: Tensor, microbatches: Tensor, units: Tensor) -> list[Tensor]:
-    # What the processes sum, in one order everywhere: the gradients last layer first (the order the backward
-    # computes them in), the normalization statistics, the loss, the sample, microbatch and position counts.
+def _flat(sums: _Sums, like: Mapping[str, Tensor], count: Tensor, microbatches: Tensor, units: Tensor) -> list[Tensor]:
+    # What the processes sum, in one order everywhere: every trainable parameter's gradient (zeros where this
+    # process computed none) last layer first (the order the backward computes them in), the normalization
+    # statistics, which parameters got a gradient here (1, else 0), the loss, the sample, microbatch and
+    # position counts.
     grads, loss_sum, statistics = sums
-    return [*(grads[name] for name in reversed(grads)), *statistics.values(), loss_sum, count, microbatches, units]
+    names = tuple(like)
+    marks = torch.tensor([float(name in grads) for name in names], device=loss_sum.device)
+    summed = [grads[name] if name in grads else torch.zeros_like(like[name]) for name in reversed(names)]
+    return [*summed, *statistics.values(), marks, loss_sum, count, microbatches, units]
 
 
 def _combine(
     sums: _Sums,
+    like: Mapping[str, Tensor],
     samples: int,
     microbatches: int,
     unit: float,
@@ -111,32 +122,40 @@ def _combine(
     # The global sums divided by the global counts: gradients by samples (``units``: positions) over ``unit``
     # (a full microbatch's, the weights' denominator) and the loss by samples (positions) (an infinite count
     # marks a process that failed its microbatches), statistics by microbatches. The sums are the step's own:
-    # divided in place.
+    # divided in place. ``like`` holds the trainable parameters; those that got a gradient on no microbatch of
+    # any process get none (and no update).
     grads, loss_sum, statistics = sums
     device = loss_sum.device
     count = torch.full((), float("inf") if failed else float(samples), device=device)
     # Its own tensor even when it counts samples: a sum across processes may work on each tensor in place.
     positions = count.clone() if units is None or failed else units.float()
-    flat = _flat(sums, count, torch.full((), float(microbatches), device=device), positions)
-    if summing is not None:
-        flat = summing.result(flat)
-    elif reduce is not None:
-        flat = reduce(flat)
-    total, parts, divisor = flat[-3], flat[-2], flat[-1]
+    parts = torch.full((), float(microbatches), device=device)
+    if summing is None and reduce is None:
+        total, divisor, loss = count, positions, loss_sum
+        summed, used, mean_statistics = grads, [name for name in like if name in grads], list(statistics.values())
+    else:
+        flat = _flat(sums, like, count, parts, positions)
+        flat = summing.result(flat) if summing is not None else reduce(flat)  # type: ignore[misc]
+        total, parts, divisor, loss = flat[-3], flat[-2], flat[-1], flat[-4]
+        names = tuple(like)
+        summed = dict(zip(reversed(names), flat, strict=False))
+        mean_statistics = flat[len(names) : len(names) + len(statistics)]
+        # Where every parameter got a gradient on this process, each got one in all: nothing to read back.
+        local = all(name in grads for name in names)
+        marks = [1.0] * len(names) if local else flat[len(names) + len(statistics)].tolist()
+        used = [name for name, mark in zip(names, marks, strict=True) if mark > 0]
     share = divisor / unit if unit != 1 else divisor
-    summed = dict(zip(reversed(grads), flat, strict=False))
     # A sum across processes comes back contiguous: each gradient returns to its parameter's layout.
-    mean = in_layout_of({name: summed[name].div_(share) for name in grads}, grads)
-    averaged = {name: b / parts for name, b in zip(statistics, flat[len(grads) :], strict=False)}
-    return mean, flat[-4] / divisor, averaged, total
+    mean = in_layout_of({name: summed[name].div_(share) for name in used}, like)
+    averaged = {name: b / parts for name, b in zip(statistics, mean_statistics, strict=True)}
+    return mean, loss / divisor, averaged, total
 
 
 def failed_contribution(state: State, frozen: frozenset[str], statistics: Sequence[str], reduce: Reduce) -> None:
     """Joins the other processes' sum of this step with nothing but a failure mark (for a process whose
     microbatches ran out of memory): every process then reads an infinite count and skips the update."""
-    _combine(
-        _nothing(state.params, state.buffers, frozen, statistics), 0, 0, 1, reduce, failed=True, units=torch.zeros(())
-    )
+    like = _trainable(state.params, frozen)
+    _combine(_nothing(state.params, state.buffers, statistics), like, 0, 0, 1, reduce, failed=True, units=torch.zeros(()))
 
 
 def microbatched_step(
@@ -171,7 +190,7 @@ def microbatched_step(
         for state, ctx, count in entries:
             loss, grads, _ = differentiated(params, state, ctx, count / unit)
             sums = _accumulate(sums, grads, loss, count, {})
-        return sums if sums is not None else _nothing(params, {}, frozen, ())
+        return sums if sums is not None else _nothing(params, {}, ())
 
     def step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
         step_key = R.fold_in(state.key, state.step)
@@ -206,11 +225,12 @@ def microbatched_step(
             sums = _accumulate(sums, grads, loss, count, {name: state.buffers[name] for name in statistics})
             samples += size
         if sums is None:
-            sums = _nothing(state.params, state.buffers, frozen, statistics)
+            sums = _nothing(state.params, state.buffers, statistics)
         if units is not None and positions is None:
             positions = torch.zeros((), device=sums[1].device)
+        trainable = _trainable(state.params, frozen)
         grads, loss, averaged, total = _combine(
-            sums, samples, len(entries), unit, reduce, summing=summing, units=positions
+            sums, trainable, samples, len(entries), unit, reduce, summing=summing, units=positions
         )
         state = state.replace(buffers={**state.buffers, **averaged})
         captured = tuple(entries)
@@ -219,7 +239,8 @@ def microbatched_step(
 
         def gradient_fn(params: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
             mean, mean_loss, _, _ = _combine(
-                gradient_sums(params, captured), samples, len(captured), unit, reduce, units=counted
+                gradient_sums(params, captured), _trainable(params, frozen), samples, len(captured), unit, reduce,
+                units=counted,
             )
             return mean_loss, mean
 
@@ -240,23 +261,30 @@ def _feeding(
 ) -> tuple[Summing, Callable[[str, Tensor], None]]:
     # A sum laid out as ``_combine`` lays its tensors out, and the gradient hook that adds each gradient to the
     # earlier microbatches' (in place) and gives the total to the sum, recording its name in ``fed``.
-    trainable = {name: p for name, p in state.params.items() if name not in frozen}
+    trainable = _trainable(state.params, frozen)
     scalar = torch.zeros((), device=next(iter(state.params.values())).device)
     like = (trainable, scalar.float(), {name: state.buffers[name] for name in statistics})
-    summing = overlap(_flat(like, scalar, scalar, scalar))
+    summing = overlap(_flat(like, trainable, scalar, scalar, scalar))
     place = {name: index for index, name in enumerate(reversed(trainable))}
 
     def ready(name: str, grad: Tensor) -> None:
-        summing.add(place[name], grad if sums is None else sums[0][name].add_(grad))
+        if sums is not None and name in sums[0]:
+            grad = sums[0][name].add_(grad)
+        elif sums is not None:
+            # Its first gradient of the step: the running sum starts here.
+            sums[0][name] = grad
+        summing.add(place[name], grad)
         fed.add(name)
 
     return summing, ready
 
 
-def _nothing(
-    params: Mapping[str, Tensor], buffers: Mapping[str, Tensor], frozen: frozenset[str], statistics: Sequence[str]
-) -> _Sums:
-    # The sums of a process whose share of the global batch is empty (the epoch's short last batch): zeros.
-    zeros = {n: torch.zeros_like(p) for n, p in params.items() if n not in frozen}
+def _trainable(params: Mapping[str, Tensor], frozen: frozenset[str]) -> dict[str, Tensor]:
+    return {name: p for name, p in params.items() if name not in frozen}
+
+
+def _nothing(params: Mapping[str, Tensor], buffers: Mapping[str, Tensor], statistics: Sequence[str]) -> _Sums:
+    # The sums of a process whose share of the global batch is empty (the epoch's short last batch): no
+    # gradient, zero loss and statistics.
     loss = torch.zeros((), dtype=torch.float32, device=next(iter(params.values())).device)
-    return zeros, loss, {n: torch.zeros_like(buffers[n]) for n in statistics}
+    return {}, loss, {n: torch.zeros_like(buffers[n]) for n in statistics}

@@ -39,6 +39,7 @@ from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.engine import Plan, run_event
 from composer_fn.core.event import Event
+from composer_fn.core.host import on_fake_tensors
 from composer_fn.core.state import ForwardFn, GradientFn, LossFn, State, Static, StepCtx, batch_get
 from composer_fn.nn import forward_key_names, forward_keys
 from composer_fn.optim.base import (
@@ -61,6 +62,7 @@ __all__ = [
     "compile_step",
     "make_train_step",
     "make_eval_step",
+    "unused_parameters",
     "cross_entropy_loss",
     "cross_entropy_per_sample_loss",
     "per_sample_loss",
@@ -232,7 +234,11 @@ def make_train_step(
     caller gives up (the trainer, which owns its state, does). Compiled, it is ``tx.update``.
 
     Parameters named in ``frozen`` (layer freezing) get no gradient computed and no update; their optimizer
-    state is kept as it is. Hooks see gradients of the trainable parameters only.
+    state is kept as it is. So do parameters that the step's loss does not reach, as ``torch.optim`` skips a
+    parameter whose ``.grad`` is None: with ``grad_mode="autograd"`` they are found on each step (over every
+    microbatch and process: a parameter that gets a gradient anywhere is updated); ``"func"`` cannot tell them
+    from parameters with zero gradients, so the caller names them in ``frozen`` (``unused_parameters``).
+    Hooks see gradients of the parameters that have one only.
 
     With precision ``'fp16-mixed'`` (or a given ``loss_scale``), the gradient is that of the scaled loss,
     unscaled before AFTER_BACKWARD (hooks and ``gradient_fn`` see true gradients); the update is skipped when a
@@ -269,7 +275,7 @@ def make_train_step(
     forward_with = functools.partial(_forward, static, slots, input_key is None)
     accepted = keyword_names(static.module) if input_key is None else None
     model_input = functools.partial(model_inputs, input_key=input_key, accepted=accepted)
-    update = functools.partial(_optimize, tx, donate=donate, frozen=frozen)
+    update = functools.partial(_optimize, tx, donate=donate)
     microbatched = microbatch_size is not None or reduce is not None
     if grad_mode == "autograd" and not plan.hooks and not microbatched and not norms:
         return make_plain_step(
@@ -343,10 +349,11 @@ def make_train_step(
             with torch.enable_grad():
                 objective, aux = split_loss_and_aux(leaves, fixed, state, ctx, weight)
                 hooks = [leaf.register_hook(_announcer(ready, name)) for name, leaf in leaves.items()] if ready else []
-                differentiated = torch.autograd.grad(objective, tuple(leaves.values()), materialize_grads=True)
+                differentiated = torch.autograd.grad(objective, tuple(leaves.values()), allow_unused=True)
                 for hook in hooks:
                     hook.remove()
-                grads = dict(zip(leaves, differentiated, strict=True))
+                # A parameter the loss does not reach gets no gradient, and no update (as in torch.optim).
+                grads = {name: g for name, g in zip(leaves, differentiated, strict=True) if g is not None}
         # Hooks, sums and the update pair a gradient with its parameter: give it the parameter's layout.
         grads = in_layout_of(grads, params)
         if scaler is not None:
@@ -455,15 +462,14 @@ def _optimize(
     finite: Tensor | None = None,
     *,
     donate: bool,
-    frozen: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, Tensor], OptState]:
     if finite is None:
-        return _update(tx, grads, opt, params, donate, frozen)
+        return _update(tx, grads, opt, params, donate)
     if not torch.compiler.is_compiling():
         # Eagerly, a step with a non-finite gradient is skipped whole (a host check, as GradScaler.step).
-        return _update(tx, grads, opt, params, donate, frozen) if bool(finite) else (dict(params), opt)
+        return _update(tx, grads, opt, params, donate) if bool(finite) else (dict(params), opt)
     # Traced, both are computed and the finite one is selected: no host synchronisation.
-    new_params, new_opt = _update(tx, grads, opt, params, False, frozen)
+    new_params, new_opt = _update(tx, grads, opt, params, False)
     kept = {name: torch.where(finite, new_params[name], tensor) for name, tensor in params.items()}
     return kept, pytree.tree_map(lambda new, old: torch.where(finite, new, old), new_opt, opt)
 
@@ -474,11 +480,13 @@ def _update(
     opt: OptState,
     params: Mapping[str, Tensor],
     donate: bool,
-    frozen: frozenset[str],
 ) -> tuple[dict[str, Tensor], OptState]:
+    # Parameters without a gradient (frozen, or unused by this step's loss) are left out, and so is their
+    # optimizer state, as torch.optim skips a parameter whose ``.grad`` is None.
     names = tuple(params)
-    trainable = {n: p for n, p in params.items() if n not in frozen} if frozen else params
-    state = restrict_state(opt, names, tuple(trainable)) if frozen else opt
+    partial = len(grads) != len(params)
+    trainable = {n: p for n, p in params.items() if n in grads} if partial else params
+    state = restrict_state(opt, names, tuple(trainable)) if partial else opt
     with torch.no_grad():
         if tx.fused is not None and fusable(params):
             if donate:
@@ -488,9 +496,54 @@ def _update(
         else:
             updates, new_state = tx.update(grads, state, trainable)
             new_params = apply_updates(trainable, updates)
-    if not frozen:
+    if not partial:
         return new_params, new_state
     return {n: new_params.get(n, p) for n, p in params.items()}, merge_state(opt, new_state, names)
+
+
+def unused_parameters(
+    static: Static,
+    plan: Plan,
+    loss_fn: LossFn,
+    state: State,
+    batch: Any,
+    *,
+    input_key: int | str | None = 0,
+    per_sample_loss_fn: LossFn | None = None,
+    frozen: frozenset[str] = frozenset(),
+) -> frozenset[str]:
+    """Returns the names of the parameters (not in ``frozen``) that the step's loss on ``batch`` does not reach.
+
+    ``torch.optim`` skips a parameter whose ``.grad`` is None; a ``grad_mode="func"`` step (the compiled one)
+    sees zeros there, and is given these names in ``frozen`` to skip them too. The step runs once here by
+    autograd, in fp32, with the plan's hooks, and its update is discarded: nothing given changes. It runs on
+    fake tensors (shapes without values, as the compiled step's trace sees them: a layer that branches on a
+    concrete value takes its traced path, and nothing is computed), or on the given tensors where a fake
+    run fails. Which parameters a traced graph reaches does not depend on the batch's values, so one batch (a
+    microbatch's worth is enough) answers for the graph.
+    """
+    reached: set[str] = set()
+
+    def record(updates: Mapping[str, Tensor], opt: OptState, params: Mapping[str, Tensor] | None = None) -> Any:
+        reached.update(updates)
+        return {name: torch.zeros_like(g) for name, g in updates.items()}, opt
+
+    probe = make_train_step(
+        static.replace(precision="fp32"),
+        plan,
+        loss_fn,
+        GradientTransformation(lambda params: (), record),
+        input_key=input_key,
+        grad_mode="autograd",
+        per_sample_loss_fn=per_sample_loss_fn,
+        frozen=frozen,
+    )
+    try:
+        on_fake_tensors(probe, state, batch)
+    except Exception:  # noqa: BLE001 -- a model fake tensors cannot run is probed on its own tensors
+        reached.clear()
+        probe(state, batch)
+    return frozenset(name for name in state.params if name not in frozen and name not in reached)
 
 
 def compile_step(step: Callable[..., Any], backend: Any = "inductor") -> Callable[..., Any]:

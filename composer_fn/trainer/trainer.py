@@ -91,7 +91,7 @@ from composer_fn.trainer.evaluation import evaluate, measure
 from composer_fn.trainer.evaluator import Evaluator
 from composer_fn.trainer.learning_rate import learning_rate
 from composer_fn.trainer.loss_scale import DynamicLossScale
-from composer_fn.trainer.microbatch import failed_contribution, norm_statistics
+from composer_fn.trainer.microbatch import failed_contribution, norm_statistics, split_batch
 from composer_fn.trainer.model import evaluation_state, module_with
 from composer_fn.trainer.outputs import (
     causal_shift,
@@ -113,6 +113,7 @@ from composer_fn.trainer.step import (
     compile_step,
     make_eval_step,
     make_train_step,
+    unused_parameters,
 )
 
 __all__ = ["Trainer"]
@@ -567,7 +568,7 @@ class Trainer:
                 # The trainer owns its state: an eager step may update its tensors in place, unless a step that
                 # runs out of memory is to be retried from the state before it.
                 donate=not self.compile and not self._auto_microbatch,
-                frozen=frozen,
+                frozen=frozen | self._unused(plan, frozen, size),
                 microbatch_size=size if microbatched else None,
                 first_sample=self.world.rank * rank_batch,
                 reduce=distributed.all_reduce_sum if self.world.size > 1 else None,
@@ -583,6 +584,26 @@ class Trainer:
                 step = compile_step(step, self._counting_backend())
             self._steps[cache_key] = step
         return step
+
+    def _unused(self, plan: Plan, frozen: frozenset[str], size: int) -> frozenset[str]:
+        # A func-mode step (the compiled one) cannot tell a parameter its loss does not reach from one with a zero
+        # gradient; an autograd step on this batch's first microbatch names them, with the model's draws put back.
+        if self.grad_mode != "func" or self._batch is None:
+            return frozenset()
+        part = split_batch(self._batch, self.input_key, size)[:1]
+        if not part:
+            return frozenset()
+        with self._draws.around(self.timestamp.batch, self._first_sample()):
+            return unused_parameters(
+                self.static,
+                plan,
+                self.loss_fn,
+                self.state,
+                part[0][1],
+                input_key=self.input_key,
+                per_sample_loss_fn=self.per_sample_loss_fn,
+                frozen=frozen,
+            )
 
     def _eval_step(self, plan: Plan, predict: bool = False) -> Callable[[State, Any], Tensor]:
         cache_key = (self.static, plan.step_key, predict)

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch import Tensor, nn
 
 from composer_fn.algorithms import EMA, ChannelsLast, CutMix, CutOut, GradientClipping, LabelSmoothing, MixUp
 from composer_fn.core.random import key
@@ -27,6 +28,30 @@ CHANNELS_LAST = ("sgd", False, "channels_last")
 FOLDER = ("sgd", False, "imagefolder")
 # A Hugging Face GPT-2 on right-padded rows: each rank's rows hold other numbers of labelled tokens.
 LANGUAGE = ("adamw", False, "gpt2")
+# The same GPT-2 with its own dropout: each microbatch draws from the seed, the step and its place in the batch.
+DROPOUT = ("adamw", False, "gpt2-dropout")
+# Parameters without a gradient under AdamW's weight decay: a layer nothing calls, and one that a microbatch
+# calls or not (so on one rank and not the other); compiled, the layer nothing calls.
+UNUSED = ("adamw", False, "unused")
+UNUSED_COMPILED = ("adamw", "aot_eager", "unused")
+
+
+class _WithUnusedLayers(nn.Module):
+    """A SmallCNN with a layer its forward never calls (``spare``) and, with ``sometimes``, one it calls on a
+    microbatch whose first pixel is positive (``sometimes``)."""
+
+    def __init__(self, sometimes: bool) -> None:
+        super().__init__()
+        self.body = SmallCNN(1, 4, width=4)
+        self.spare = nn.Linear(4, 4)
+        self.extra = nn.Linear(4, 4)
+        self.sometimes = sometimes
+
+    def forward(self, input: Tensor) -> Tensor:
+        logits: Tensor = self.body(input)
+        if self.sometimes and bool(input.flatten()[0] > 0):
+            logits = logits + self.extra(logits)
+        return logits
 
 
 def _write_folder(root: Any) -> None:
@@ -77,15 +102,22 @@ def _trainer(rank: int, world: int, optimizer: str, compile: Any, *, batch: int 
     )
 
 
-def _lm_trainer(rank: int, world: int, **arguments: Any) -> Trainer:
+def _lm_trainer(rank: int, world: int, dropout: float = 0.0, **arguments: Any) -> Trainer:
     from composer_fn.testing.models import tiny_gpt2, token_batches
 
     batches = token_batches(4, batch_size=4, length=16, seed=3)
     if world > 1:
         batches = [{name: item[rank * 2 : (rank + 1) * 2] for name, item in batch.items()} for batch in batches]
     return Trainer(
-        tiny_gpt2(), batches, max_duration="4ba", optimizer=adamw(0.01), progress_bar=False, seed=2, **arguments
-    )
+        tiny_gpt2(dropout=dropout), batches, max_duration="4ba", optimizer=adamw(0.01), progress_bar=False, seed=2,
+        **arguments,
+    )  # fmt: skip
+
+
+def _unused_trainer(rank: int, world: int, compile: Any, **arguments: Any) -> Trainer:
+    torch.manual_seed(4)
+    model = _WithUnusedLayers(sometimes=not compile)
+    return _trainer(rank, world, "adamw", compile, model=model, algorithms=[EMA()], **arguments)
 
 
 def _result(trainer: Trainer) -> dict[str, Any]:
@@ -111,6 +143,14 @@ def _train_each(rank: int, root: str) -> dict[tuple[str, Any], dict[str, Any]]:
     trainer = _lm_trainer(rank, 2)
     trainer.fit()
     results[LANGUAGE] = _result(trainer)
+    with pytest.warns(UserWarning, match="draws random numbers of its own"):
+        trainer = _lm_trainer(rank, 2, dropout=0.1)
+        trainer.fit()
+    results[DROPOUT] = _result(trainer)
+    for case, compile in ((UNUSED, False), (UNUSED_COMPILED, "aot_eager")):
+        trainer = _unused_trainer(rank, 2, compile)
+        trainer.fit()
+        results[case] = _result(trainer)
     return results
 
 
@@ -226,3 +266,41 @@ def test_a_language_model_on_two_ranks_equals_one_process_whatever_tokens_each_r
         # And the one-process run of the whole batches, up to rounding that AdamW scales up (by rows: 2e-2 off).
         for name, value in whole.state.params.items():
             torch.testing.assert_close(two_ranks[rank][LANGUAGE]["params"][name], value, rtol=0, atol=1e-4)
+
+
+def test_the_models_own_dropout_on_two_ranks_equals_one_process_with_their_batches_as_microbatches(
+    two_ranks: list[dict[tuple[str, Any], dict[str, Any]]],
+) -> None:
+    # A mask is drawn per microbatch, from the run's seed, the step and the microbatch's place in the global batch.
+    pytest.importorskip("transformers")
+    with pytest.warns(UserWarning, match="draws random numbers of its own"):
+        one = _lm_trainer(0, 1, dropout=0.1, device_train_microbatch_size=2)
+        one.fit()
+    expected = _result(one)
+    for rank in range(2):
+        for field in ("params", "opt"):
+            _assert_bitwise(expected[field], two_ranks[rank][DROPOUT][field], f"rank {rank}'s {field} (GPT-2, dropout)")
+    # The draws are the model's: without dropout the run differs.
+    assert not torch.equal(two_ranks[0][LANGUAGE]["params"]["transformer.wte.weight"], expected["params"]["transformer.wte.weight"])
+
+
+@pytest.mark.parametrize("case", [UNUSED, UNUSED_COMPILED], ids=["eager", "compiled"])
+def test_parameters_without_a_gradient_on_two_ranks_move_as_in_one_process_and_as_torch_optim_skips_them(
+    two_ranks: list[dict[tuple[str, Any], dict[str, Any]]], case: tuple[str, Any, str]
+) -> None:
+    one = _unused_trainer(0, 1, case[1], device_train_microbatch_size=8)
+    initial = {name: p.detach().clone() for name, p in one.model.named_parameters()}
+    one.fit()
+    expected = _result(one)
+    for rank in range(2):
+        for field in ("params", "opt", "algos"):
+            _assert_bitwise(expected[field], two_ranks[rank][case][field], f"rank {rank}'s {field} ({case})")
+    # The layer nothing calls keeps its values (no weight decay) and its optimizer state (no step counted).
+    counts = expected["opt"]["adam"].count
+    for name in ("spare.weight", "spare.bias"):
+        assert torch.equal(expected["params"][name], initial[name])
+        assert counts[name].item() == 0
+    assert counts["body.head.weight"].item() == 20
+    if case == UNUSED:
+        # The layer some microbatches call: stepped on the steps where one of them, on either rank, called it.
+        assert 0 < counts["extra.weight"].item() < 20

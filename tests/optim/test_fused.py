@@ -12,6 +12,8 @@ from test_optimizers import (
     OPTIMIZERS,
     SGD_CASES,
     SGDW_CASES,
+    SOMETIMES,
+    SOMETIMES_CASES,
     assert_same_trajectory,
     composer_decoupled_adamw_reference,
     composer_sgdw_reference,
@@ -19,6 +21,8 @@ from test_optimizers import (
     make_params,
     run_ours,
     run_torch,
+    run_torch_sometimes,
+    sometimes,
     warmup_then_cosine,
 )
 from torch import Tensor
@@ -34,6 +38,7 @@ from composer_fn.optim import (
     sgd,
     sgdw,
 )
+from composer_fn.optim.base import merge_state, restrict_state
 
 STEPS = 50
 _TORCH_NAMES = {"learning_rate": "lr"}
@@ -229,3 +234,29 @@ def test_the_in_place_step_pairs_each_element_with_its_own_gradient_and_state_in
         state = tx.fused(owned, {n: laid_out(g, grad_layout) for n, g in step_grads.items()}, state, 1.0)  # type: ignore[misc]
         history.append({n: p.clone() for n, p in owned.items()})
     assert_same_trajectory(history, expected, tolerance=1e-12)
+
+
+def run_fused_sometimes(
+    tx: GradientTransformation, params: dict[str, Tensor], grads: list[dict[str, Tensor]]
+) -> list[dict[str, Tensor]]:
+    """The in-place step on the parameters each step has gradients for, with their own state, as the
+    training step runs it."""
+    assert tx.fused is not None
+    owned = {name: p.clone() for name, p in params.items()}
+    names = tuple(owned)
+    state = tx.init(owned)
+    history = []
+    for step_grads in grads:
+        given = {name: p for name, p in owned.items() if name in step_grads}
+        part = tx.fused(given, step_grads, restrict_state(state, names, tuple(given)), 1.0)
+        state = merge_state(state, part, names)
+        history.append({name: p.clone() for name, p in owned.items()})
+    return history
+
+
+@pytest.mark.parametrize("case", SOMETIMES_CASES, ids=list(SOMETIMES_CASES))
+def test_in_place_steps_skip_a_parameter_without_a_gradient_as_torch_does(case: str, implementation: str) -> None:
+    build, make_torch = SOMETIMES_CASES[case]
+    params, grads = make_params(4), sometimes(make_grads(len(SOMETIMES), seed=5))
+    reference = run_torch_sometimes(make_torch, params, grads)
+    assert_same_trajectory(run_fused_sometimes(build(), params, grads), reference)

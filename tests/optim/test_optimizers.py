@@ -23,6 +23,7 @@ from composer_fn.optim import (
     sgd,
     sgdw,
 )
+from composer_fn.optim.base import merge_state, restrict_state
 
 TOLERANCE = 1e-6
 SHAPES = {"conv.weight": (4, 3, 2, 2), "linear.weight": (5, 3), "linear.bias": (5,), "temperature": ()}
@@ -430,9 +431,12 @@ def test_params_and_state_keep_each_parameter_dtype(name: str) -> None:
     per_parameter = 0
     for path, leaf in pytree.tree_flatten_with_path(state)[0]:
         key = path[-1]
-        if isinstance(key, pytree.MappingKey) and key.key in params:
+        if isinstance(key, pytree.MappingKey) and key.key in params and leaf.dim() > 0:
             assert leaf.dtype == params[key.key].dtype, path
             per_parameter += 1
+        elif isinstance(key, pytree.MappingKey) and key.key in params:
+            # Each parameter's step count, int64 (momentum) or float32 (Adam, as torch's ``step``).
+            assert leaf.dtype in (torch.int64, torch.float32) and leaf.item() == 2, path
     assert per_parameter > 0 and per_parameter % len(params) == 0
 
 
@@ -534,3 +538,84 @@ def test_hyperparameters_of_the_wrong_type_raise_type_error(
 ) -> None:
     with pytest.raises(TypeError, match=argument):
         build()
+
+
+SOMETIMES: list[frozenset[str]] = [
+    frozenset({"conv.weight", "temperature"}),
+    frozenset(SHAPES) - {"linear.bias"},
+    frozenset({"linear.weight"}),
+    frozenset(SHAPES),
+    frozenset(SHAPES) - {"temperature"},
+    frozenset({"linear.bias", "temperature"}),
+    frozenset(SHAPES),
+]
+"""Which parameters get a gradient on each step: some on every step, some from a later step on, some skipped."""
+
+
+def sometimes(grads: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
+    return [{name: g for name, g in step.items() if name in given} for step, given in zip(grads, SOMETIMES, strict=True)]
+
+
+def run_torch_sometimes(
+    make_optimizer: MakeTorchOptimizer, params: dict[str, Tensor], grads: list[dict[str, Tensor]]
+) -> list[dict[str, Tensor]]:
+    """A torch optimizer's parameters after each step, a parameter missing from a step's ``grads`` holding
+    ``.grad = None`` there."""
+    parameters = {name: torch.nn.Parameter(p.clone()) for name, p in params.items()}
+    optimizer = make_optimizer(list(parameters.values()))
+    history = []
+    for step_grads in grads:
+        for name, parameter in parameters.items():
+            parameter.grad = step_grads[name].clone() if name in step_grads else None
+        optimizer.step()
+        history.append({name: p.detach().clone() for name, p in parameters.items()})
+    return history
+
+
+def run_ours_sometimes(
+    tx: GradientTransformation, params: dict[str, Tensor], grads: list[dict[str, Tensor]]
+) -> list[dict[str, Tensor]]:
+    """Our parameters after each step, updating the parameters a step has gradients for with their own state
+    (``restrict_state``), the rest of the state kept (``merge_state``), as the training step does."""
+    names = tuple(params)
+    state = tx.init(params)
+    history = []
+    for step_grads in grads:
+        given = {name: p for name, p in params.items() if name in step_grads}
+        part = restrict_state(state, names, tuple(given))
+        updates, part = tx.update(step_grads, part, given)
+        params = {**params, **apply_updates(given, updates)}
+        state = merge_state(state, part, names)
+        history.append(params)
+    return history
+
+
+SOMETIMES_CASES: dict[str, tuple[Callable[[], GradientTransformation], MakeTorchOptimizer]] = {
+    "sgd_dampening": (
+        lambda: sgd(0.05, momentum=0.8, dampening=0.3, weight_decay=0.05),
+        lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.8, dampening=0.3, weight_decay=0.05, foreach=True),
+    ),
+    "sgd_nesterov": (
+        lambda: sgd(0.05, momentum=0.9, nesterov=True),
+        lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, foreach=True),
+    ),
+    "adam": (
+        lambda: adam(0.01, weight_decay=0.05),
+        lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.05, foreach=True),
+    ),
+    "adamw": (
+        lambda: adamw(0.1, weight_decay=0.1),
+        lambda ps: torch.optim.AdamW(ps, lr=0.1, weight_decay=0.1, foreach=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", SOMETIMES_CASES, ids=list(SOMETIMES_CASES))
+def test_a_parameter_without_a_gradient_keeps_its_value_and_state_as_in_torch(case: str) -> None:
+    # torch.optim skips a parameter whose .grad is None: no decay, no moment update, no step count; a parameter
+    # that gets its first gradient late starts its bias correction (Adam) or buffer (SGD) there.
+    build, make_torch = SOMETIMES_CASES[case]
+    params, grads = make_params(4), sometimes(make_grads(len(SOMETIMES), seed=5))
+    reference = run_torch_sometimes(make_torch, params, grads)
+    assert_same_trajectory(run_ours_sometimes(build(), params, grads), reference)
+    assert torch.equal(reference[1]["linear.bias"], params["linear.bias"])

@@ -30,6 +30,7 @@ from composer_fn.testing.differential import (
     torch_reference,
     torchvision_models,
     trainer_result,
+    unused_layer_model,
     update_errors,
 )
 from composer_fn.trainer import eager_step, microbatch, step
@@ -45,6 +46,15 @@ def test_the_trainer_trains_a_torchvision_model_as_a_torch_optim_loop_does(name:
     comparisons = compare(MODELS[name], optimizer, ["eager", "compiled", "microbatched", "channels_last"])
     failed = [comparison.describe() for comparison in comparisons if comparison.failures]
     assert not failed, "\n".join(failed)
+
+
+@pytest.mark.slow
+def test_a_head_the_forward_never_calls_stays_put_under_adamws_weight_decay_as_torch_optim_leaves_it() -> None:
+    # torch.optim skips a parameter whose .grad is None: no decay, no moments, no step count, on every path.
+    comparisons = compare(unused_layer_model(), ADAMW, ["eager", "compiled", "microbatched", "bf16"])
+    failed = [comparison.describe() for comparison in comparisons if comparison.failures]
+    assert not failed, "\n".join(failed)
+    assert all(comparison.errors["old_head.weight"] == 0.0 for comparison in comparisons)
 
 
 def _grayscale_resnet() -> nn.Module:

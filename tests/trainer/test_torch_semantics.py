@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from composer_fn import optim
 from composer_fn.testing.differential import ADAMW, SGD_MOMENTUM, keyword_reference, update_errors
 from composer_fn.testing.models import language_model, token_batches
 from composer_fn.trainer import Trainer
@@ -235,3 +236,156 @@ def test_a_method_that_changes_nothing_in_this_run_says_so(method: str) -> None:
         trainer = _trained(language_model("gpt2"), token_batches(3), algorithms=[algorithm])
     assert any("changes nothing" in str(w.message) and type(algorithm).__name__ in str(w.message) for w in caught)
     assert trainer.no_effect == (method,)
+
+
+class _SometimesUsed(torch.nn.Module):
+    """A layer its forward never calls, and one it calls when the batch's first value is positive: parameters
+    that get a gradient on no step, and on some steps only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = torch.nn.Linear(4, 3)
+        self.spare = torch.nn.Linear(4, 3)
+        self.sometimes = torch.nn.Linear(4, 3)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        output: torch.Tensor = self.used(input)
+        return output + self.sometimes(input) if bool(input[0, 0] > 0) else output
+
+
+class _NeverCalled(_SometimesUsed):
+    """The same layers, the forward calling ``used`` alone (a static graph, as compiling needs)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        output: torch.Tensor = self.used(input)
+        return output
+
+
+def _sometimes_reference(model: torch.nn.Module, batches: list[Any], optimizer: Any, micro: int | None) -> dict[str, torch.Tensor]:
+    trained = copy.deepcopy(model)
+    steps = optimizer(trained.parameters())
+    for inputs, targets in batches:
+        steps.zero_grad(set_to_none=True)
+        size = micro or len(inputs)
+        for start in range(0, len(inputs), size):
+            part = slice(start, start + size)
+            (torch.nn.functional.cross_entropy(trained(inputs[part]), targets[part]) * (size / len(inputs))).backward()
+        steps.step()
+    return _tensors(trained)
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs"),
+    [
+        (lambda: optim.adamw(0.1, weight_decay=0.1), lambda ps: torch.optim.AdamW(ps, lr=0.1, weight_decay=0.1)),
+        (
+            lambda: optim.sgd(0.1, momentum=0.9, dampening=0.5, weight_decay=0.1),
+            lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=0.5, weight_decay=0.1),
+        ),
+    ],
+    ids=["adamw", "sgd"],
+)
+@pytest.mark.parametrize("micro", [None, 4], ids=["whole", "microbatched"])
+def test_parameters_without_a_gradient_are_left_as_torch_optim_leaves_them(ours: Any, theirs: Any, micro: int | None) -> None:
+    # On no step (no decay, no moments) or on some steps only (its own step count and first momentum buffer).
+    torch.manual_seed(0)
+    model = _SometimesUsed()
+    generator = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 4, generator=generator), torch.randint(0, 3, (8,), generator=generator)) for _ in range(8)]
+    trainer = Trainer(
+        copy.deepcopy(model), batches, max_duration="8ba", optimizer=ours(), progress_bar=False,
+        device_train_microbatch_size=micro,
+    )  # fmt: skip
+    trainer.fit()
+    expected = _sometimes_reference(model, batches, theirs, micro)
+    got = _tensors(trainer.model)
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, rtol=0, atol=1e-6, msg=name)
+    assert torch.equal(got["spare.weight"], model.spare.weight)
+
+
+@pytest.mark.slow
+def test_a_compiled_step_leaves_a_layer_the_forward_never_calls_as_torch_optim_does() -> None:
+    torch.manual_seed(0)
+    model = _NeverCalled()
+    generator = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 4, generator=generator), torch.randint(0, 3, (8,), generator=generator)) for _ in range(4)]
+    trainer = Trainer(
+        copy.deepcopy(model), batches, max_duration="4ba", optimizer=optim.adamw(0.1, weight_decay=0.1),
+        compile="aot_eager", progress_bar=False,
+    )  # fmt: skip
+    trainer.fit()
+    expected = _sometimes_reference(model, batches, lambda ps: torch.optim.AdamW(ps, lr=0.1, weight_decay=0.1), None)
+    got = _tensors(trainer.model)
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, rtol=0, atol=1e-6, msg=name)
+    assert trainer.state.opt["adam"].count["spare.weight"].item() == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "size", "failing"),
+    [("inception_v3", 299, "296x296"), ("maxvit_t", 224, "220x220"), ("levit_128s", 224, "208x208")],
+)
+def test_progressive_resizing_refuses_a_model_that_fails_at_a_size_the_run_visits_naming_it(
+    name: str, size: int, failing: str
+) -> None:
+    # Declared nowhere: Inception v3's auxiliary head outgrows its feature map below 299 pixels, MaxViT's windows
+    # tile its stages at multiples of 224 only, LeViT's attention biases hold one resolution. Refused before the
+    # first step, naming the size that fails, instead of failing inside the library.
+    import timm
+    import torchvision
+
+    from composer_fn.algorithms import ProgressiveResizing
+
+    torch.manual_seed(0)
+    if name == "levit_128s":
+        model = timm.create_model(name, pretrained=False, num_classes=4)
+    else:
+        extra = {"aux_logits": True, "init_weights": False} if name == "inception_v3" else {}
+        model = torchvision.models.get_model(name, weights=None, num_classes=4, **extra)
+    batches = [(torch.rand(2, 3, size, size), torch.tensor([0, 1]))]
+    trainer = Trainer(
+        model, batches, max_duration="1ba", algorithms=[ProgressiveResizing()], optimizer=optim.sgd(0.1),
+        progress_bar=False,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=rf"fails on {failing} inputs .*ProgressiveResizing out"):
+        trainer.fit()
+    assert trainer.timestamp.batch == 0
+
+
+def test_progressive_resizing_names_the_initial_scale_whose_sizes_all_pass() -> None:
+    # torchvision's ResNet-18 with an unpadded 3×3 convolution on its last feature map: down to 68 pixels (a 3×3
+    # map) it passes, at 64 (2×2) it fails; ProgressiveResizing at 0.54 visits 68 pixels and up.
+    from torchvision.models import resnet18
+
+    from composer_fn.algorithms import ProgressiveResizing
+
+    torch.manual_seed(0)
+    model = resnet18(num_classes=4)
+    model.avgpool = torch.nn.Sequential(torch.nn.Conv2d(512, 512, 3), torch.nn.AdaptiveAvgPool2d(1))
+    batches = [(torch.rand(2, 3, 128, 128), torch.tensor([0, 1]))]
+    trainer = Trainer(
+        model, batches, max_duration="1ba", algorithms=[ProgressiveResizing(initial_scale=0.25)],
+        optimizer=optim.sgd(0.1), progress_bar=False,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"from 32x32 up to 128x128, .* fails on 64x64 inputs .*initial_scale=0\.54 or more"):
+        trainer.fit()
+
+
+def test_a_surgery_is_refused_where_the_parent_reads_the_layers_weight_itself() -> None:
+    # torchvision's Swin v2 attention hands self.qkv.weight to a function instead of calling self.qkv.
+    from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer, SwinTransformerBlockV2
+
+    from composer_fn.algorithms import Factorize
+
+    torch.manual_seed(0)
+    model = SwinTransformer(
+        [2, 2], 64, depths=[1, 1], num_heads=[2, 2], window_size=[4, 4], num_classes=4, block=SwinTransformerBlockV2,
+        downsample_layer=PatchMergingV2,
+    )  # fmt: skip
+    batches = [(torch.rand(2, 3, 16, 16), torch.tensor([0, 1]))]
+    with pytest.raises(ValueError, match=r"ShiftedWindowAttentionV2\.forward\(\) reads self\.qkv\.weight"):
+        Trainer(
+            model, batches, max_duration="1ba", progress_bar=False,
+            algorithms=[Factorize(min_features=32, latent_features=0.25)],
+        ).fit()  # fmt: skip
