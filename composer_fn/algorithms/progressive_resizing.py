@@ -298,9 +298,9 @@ def visited_sizes(height: int, width: int, initial_scale: float, size_increment:
     return [(height, width) if w == width else (max((height * w) // width, 1), w) for w in widths]
 
 
-_PASSED: weakref.WeakKeyDictionary[nn.Module, set[tuple[int, ...]]] = weakref.WeakKeyDictionary()
-"""The input shapes each module's forward was found to take by ``size_failure`` with every size given, so a run
-asks once."""
+_ANSWERED: weakref.WeakKeyDictionary[nn.Module, set[tuple[int, ...]]] = weakref.WeakKeyDictionary()
+"""The questions ``size_failure`` answered None for each module (the input shape and the sizes), so a run that asks
+at every batch runs the forwards once: the answer depends on the module's structure and the shapes alone."""
 
 
 def size_failure(
@@ -326,7 +326,7 @@ def size_failure(
     device = template.device if template is not None else torch.device("cpu")
     shape = (2, *input_shape[1:-2])
     key = (*shape, *(dim for size in sizes for dim in size))
-    if key in _PASSED.get(module, set()):
+    if key in _ANSWERED.get(module, set()):
         return None
 
     def forward(size: tuple[int, int], tensors: tuple[dict[str, Tensor], dict[str, Tensor]]) -> None:
@@ -348,6 +348,7 @@ def size_failure(
             try:
                 run(sizes[0], fake)
             except Exception:  # noqa: BLE001 -- failing at full size, the model fails for another cause
+                _ANSWERED.setdefault(module, set()).add(key)
                 return None
         passed: tuple[int, int] = sizes[0]
         for size in sizes[1:]:
@@ -357,7 +358,7 @@ def size_failure(
                 smaller = passed if passed != sizes[0] else None
                 return size, smaller, (str(error).strip().splitlines() or [type(error).__name__])[0]
             passed = size
-    _PASSED.setdefault(module, set()).add(key)
+    _ANSWERED.setdefault(module, set()).add(key)
     return None
 
 

@@ -420,6 +420,13 @@ def scalar_dtype(tensors: Sequence[Tensor]) -> torch.dtype:
     return dtype
 
 
+def stacked(scalars: Sequence[Tensor]) -> Tensor:
+    """Returns 0-d tensors (per-parameter step counts) as one vector on the first one's device, so that a
+    coefficient per parameter is one expression, and reading them all is one host read."""
+    device = scalars[0].device
+    return torch.stack([scalar.to(device) for scalar in scalars])
+
+
 def params_device(params: Params) -> torch.device:
     """Returns the device of the first parameter, or the CPU when there are none."""
     for tensor in params.values():

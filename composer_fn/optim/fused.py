@@ -21,7 +21,15 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from composer_fn.optim.base import FusedFn, GradientTransformation, OptState, Params, Updates, aligned
+from composer_fn.optim.base import (
+    FusedFn,
+    GradientTransformation,
+    OptState,
+    Params,
+    Updates,
+    aligned,
+    stacked,
+)
 
 __all__ = ["WeightDecay", "sgd_in_place", "adam_in_place", "scheduled_fused", "fused_step", "fusable"]
 
@@ -123,7 +131,7 @@ def sgd_in_place(
         counts = [trace.count[n] for n in names]
         # A parameter's first step copies its gradient into its buffer (torch's ``is_first_step``); parameters
         # at their first step and the others go to the kernel apart. One host read gives every count.
-        firsts = _firsts(counts)
+        firsts: list[bool] = stacked(counts).eq(0).tolist()
         for first in sorted(set(firsts)):
             chosen = [index for index, value in enumerate(firsts) if value == first]
             lists = [param_list, grad_list, [trace.momentum_buffer[n] for n in names]]
@@ -134,13 +142,6 @@ def sgd_in_place(
         return {**state, "momentum": type(trace)(count={**trace.count, **new_counts}, momentum_buffer=trace.momentum_buffer)}
 
     return fused
-
-
-def _firsts(counts: list[Tensor]) -> list[bool]:
-    if not counts:
-        return []
-    zero: list[bool] = torch.stack([count.to(counts[0].device) for count in counts]).eq(0).tolist()
-    return zero
 
 
 def _sgd_group(
@@ -233,7 +234,7 @@ def _adam_group(
     torch._foreach_mul_(nu, b2)
     torch._foreach_addcmul_(nu, grads, grads, 1.0 - b2)
     # One host read gives every parameter's step (torch's foreach Adam reads them one by one).
-    values: list[float] = torch.stack([step.to(steps[0].device) for step in steps]).tolist()
+    values: list[float] = stacked(steps).tolist()
     bias_correction1 = [1.0 - b1**step for step in values]
     bias_correction2_sqrt = [(1.0 - b2**step) ** 0.5 for step in values]
     denominators = torch._foreach_sqrt(nu)

@@ -33,6 +33,7 @@ from composer_fn.optim.base import (
     identity,
     params_device,
     scalar_dtype,
+    stacked,
     stateless,
 )
 from composer_fn.optim.fused import scheduled_fused
@@ -82,12 +83,6 @@ def _zero_count(params: Params) -> Tensor:
 
 def _zero_counts(params: Params, dtype: torch.dtype) -> dict[str, Tensor]:
     return {name: torch.zeros((), dtype=dtype, device=p.device) for name, p in params.items()}
-
-
-def _counted(counts: list[Tensor]) -> Tensor:
-    # The parameters' counts as one vector: per-parameter coefficients come from one expression over it.
-    device = counts[0].device
-    return torch.stack([count.to(device) for count in counts])
 
 
 def _state_tensors(tensors: dict[str, Tensor], updates: Updates) -> list[Tensor]:
@@ -227,7 +222,7 @@ def trace(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> Gr
             else:
                 # With dampening a parameter's first step differs, so its coefficients switch on its count:
                 # 0·b + 1·g is g exactly, and one foreach expression serves every step with no branch on a tensor.
-                first = _counted(counts) == 0
+                first = stacked(counts) == 0
                 dtype = scalar_dtype(grads)
                 buffer_weight = torch.where(
                     first, torch.zeros_like(first, dtype=dtype), torch.full_like(first, momentum, dtype=dtype)
@@ -286,7 +281,7 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
             new_nu = torch._foreach_mul(nu, b2)
             torch._foreach_addcmul_(new_nu, grads, grads, value=1.0 - b2)
             # Each parameter's bias corrections from its own count, computed over all counts at once.
-            steps = _counted(new_counts).to(scalar_dtype(grads))
+            steps = stacked(new_counts).to(scalar_dtype(grads))
             bias_correction1 = list(_one_minus_power(b1, steps).unbind())
             bias_correction2_sqrt = list(torch.sqrt(_one_minus_power(b2, steps)).unbind())
             denominators = torch._foreach_sqrt(new_nu)

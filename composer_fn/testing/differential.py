@@ -169,8 +169,9 @@ def trainer_result(
     path: str,
     microbatch_size: int | None = None,
 ) -> dict[str, Tensor]:
-    """Returns the parameters by name after ``composer_fn.Trainer`` trains a copy of ``model`` on ``batches``
-    along ``path`` (one of ``PATHS``), one step a batch, with no algorithm but ``ChannelsLast`` on its path."""
+    """Returns the parameters by name of ``trainer.model`` after ``composer_fn.Trainer`` trains a copy of ``model``
+    on ``batches`` along ``path`` (one of ``PATHS``), one step a batch, with no algorithm but ``ChannelsLast`` on
+    its path."""
     from composer_fn.algorithms import ChannelsLast
     from composer_fn.trainer.trainer import Trainer
 
@@ -193,7 +194,8 @@ def trainer_result(
             progress_bar=False,
         )
         trainer.fit()
-    return {name: p.detach().clone() for name, p in trainer.state.params.items()}
+    # Read through the module handed back, as a user reads the trained model.
+    return {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
 
 
 def update_errors(

@@ -18,7 +18,13 @@ import pytest
 import torch
 
 from composer_fn import optim
-from composer_fn.testing.differential import ADAMW, SGD_MOMENTUM, keyword_reference, update_errors
+from composer_fn.testing.differential import (
+    ADAMW,
+    SGD_MOMENTUM,
+    OptimizerPair,
+    keyword_reference,
+    update_errors,
+)
 from composer_fn.testing.models import language_model, token_batches
 from composer_fn.trainer import Trainer
 from composer_fn.trainer.model import load_model
@@ -46,14 +52,21 @@ def _tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach() for name, p in module.named_parameters()}
 
 
-def _far_from(ours: dict[str, torch.Tensor], model: Any, batches: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
+def _far_from(
+    ours: dict[str, torch.Tensor],
+    model: Any,
+    batches: list[dict[str, torch.Tensor]],
+    optimizer: OptimizerPair = ADAMW,
+    seed: int | None = None,
+) -> dict[str, Any]:
     # The parameters further from the torch.optim loop's than a small tolerance plus ten times torch's own fp32
     # distance from float64 arithmetic there (a bias whose gradient is zero but for rounding, such as an
     # attention's key bias, moves by rounding noise alone, which AdamW scales up to whole steps).
     initial = _tensors(model)
-    expected = _tensors(keyword_reference(model, batches, ADAMW))
+    expected = _tensors(keyword_reference(model, batches, optimizer, seed=seed))
     errors = update_errors(initial, ours, expected)
-    rounding = update_errors(initial, expected, _tensors(keyword_reference(model, batches, ADAMW, float64=True)))
+    exact = keyword_reference(model, batches, optimizer, seed=seed, float64=True)
+    rounding = update_errors(initial, expected, _tensors(exact))
     return {name: (error, rounding[name]) for name, error in errors.items() if error > 1e-5 + 10 * rounding[name]}
 
 
@@ -202,6 +215,20 @@ def test_outputs_the_default_loss_cannot_read_are_refused_naming_their_type_and_
         default_per_sample_loss(None, causal=False)(outputs, batches[0])
 
 
+def _labels_only_batches(steps: int, first_token: int) -> list[dict[str, torch.Tensor]]:
+    # Sequence-to-sequence batches as Hugging Face makes them: the source, its mask and the labels (the model
+    # builds decoder_input_ids from them); tokens from first_token up, below the special ones.
+    generator = torch.Generator().manual_seed(1)
+    return [
+        {
+            "input_ids": torch.randint(first_token, 64, (2, 8), generator=generator),
+            "attention_mask": torch.ones(2, 8, dtype=torch.long),
+            "labels": torch.randint(first_token, 64, (2, 5), generator=generator),
+        }
+        for _ in range(steps)
+    ]
+
+
 def test_a_sequence_to_sequence_model_trains_on_labels_only_batches_as_its_torch_optim_loop() -> None:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
@@ -210,15 +237,7 @@ def test_a_sequence_to_sequence_model_trains_on_labels_only_batches_as_its_torch
         decoder_start_token_id=0, pad_token_id=0,
     )  # fmt: skip
     model = transformers.T5ForConditionalGeneration(config)
-    generator = torch.Generator().manual_seed(1)
-    batches = [
-        {
-            "input_ids": torch.randint(1, 64, (2, 8), generator=generator),
-            "attention_mask": torch.ones(2, 8, dtype=torch.long),
-            "labels": torch.randint(1, 64, (2, 5), generator=generator),
-        }
-        for _ in range(3)
-    ]
+    batches = _labels_only_batches(3, first_token=1)
     trainer = _trained(model, batches)
     errors = update_errors(_tensors(model), dict(trainer.state.params), _tensors(keyword_reference(model, batches, ADAMW)))
     assert max(errors.values()) < 1e-4, errors
@@ -236,6 +255,36 @@ def test_a_method_that_changes_nothing_in_this_run_says_so(method: str) -> None:
         trainer = _trained(language_model("gpt2"), token_batches(3), algorithms=[algorithm])
     assert any("changes nothing" in str(w.message) and type(algorithm).__name__ in str(w.message) for w in caught)
     assert trainer.no_effect == (method,)
+
+
+def test_bart_layers_its_layerdrop_skips_train_as_a_torch_optim_loop_seeded_as_the_run_seeds(tmp_path: Path) -> None:
+    # Bart's LayerDrop skips a layer when a draw from torch's generator falls below the rate: that layer gets no
+    # gradient on that step, so AdamW's decay, moments and step count leave it alone there (torch.optim's
+    # ``.grad is None``), while it trains on the other steps. Compared through the module handed back.
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BartConfig(
+        vocab_size=64, d_model=16, encoder_layers=3, decoder_layers=3, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32, dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0, encoder_layerdrop=0.5, decoder_layerdrop=0.5,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=2,
+    )  # fmt: skip
+    model = transformers.BartForConditionalGeneration(config)
+    batches = _labels_only_batches(6, first_token=3)
+    decayed = OptimizerPair(
+        "adamw", lambda: optim.adamw(0.01, weight_decay=0.1),
+        lambda parameters: torch.optim.AdamW(parameters, lr=0.01, weight_decay=0.1),
+    )  # fmt: skip
+    trainer = Trainer(
+        copy.deepcopy(model), batches, max_duration="6ba", optimizer=decayed.ours(), progress_bar=False, seed=3,
+        save_folder=tmp_path, save_interval="6ba",
+    )  # fmt: skip
+    trainer.fit()
+    for returned in (trainer.model, load_model(tmp_path / "latest.pt", model)):
+        assert not _far_from(_tensors(returned), model, batches, decayed, seed=3)
+    # LayerDrop skipped layers on some steps: their own step counts say so.
+    counts = {name.rpartition(".self_attn")[0]: int(c) for name, c in trainer.state.opt["adam"].count.items() if name.endswith("self_attn.k_proj.weight")}
+    assert any(0 < count < 6 for count in counts.values()), counts
 
 
 class _SometimesUsed(torch.nn.Module):
@@ -322,20 +371,28 @@ def test_a_compiled_step_leaves_a_layer_the_forward_never_calls_as_torch_optim_d
     assert trainer.state.opt["adam"].count["spare.weight"].item() == 0
 
 
-@pytest.mark.parametrize(
-    ("name", "size", "failing"),
-    [("inception_v3", 299, "296x296"), ("maxvit_t", 224, "220x220"), ("levit_128s", 224, "208x208")],
-)
-def test_progressive_resizing_refuses_a_model_that_fails_at_a_size_the_run_visits_naming_it(
-    name: str, size: int, failing: str
-) -> None:
+def _largest_failing(model: torch.nn.Module, sizes: list[tuple[int, int]]) -> tuple[int, int] | None:
+    # The library itself as the reference: real forwards of two images at each size, largest first, in training.
+    probe = copy.deepcopy(model).train()
+    with torch.no_grad():
+        for size in sizes:
+            try:
+                probe(torch.zeros(2, 3, *size))
+            except Exception:  # noqa: BLE001 -- any failure of the library's forward is what the check must find
+                return size
+    return None
+
+
+@pytest.mark.parametrize(("name", "size"), [("inception_v3", 299), ("maxvit_t", 224), ("levit_128s", 224)])
+def test_progressive_resizing_refuses_a_model_that_fails_at_a_size_the_run_visits_naming_it(name: str, size: int) -> None:
     # Declared nowhere: Inception v3's auxiliary head outgrows its feature map below 299 pixels, MaxViT's windows
     # tile its stages at multiples of 224 only, LeViT's attention biases hold one resolution. Refused before the
-    # first step, naming the size that fails, instead of failing inside the library.
+    # first step, naming the largest size at which the library's own forward fails.
     import timm
     import torchvision
 
     from composer_fn.algorithms import ProgressiveResizing
+    from composer_fn.algorithms.progressive_resizing import visited_sizes
 
     torch.manual_seed(0)
     if name == "levit_128s":
@@ -343,32 +400,43 @@ def test_progressive_resizing_refuses_a_model_that_fails_at_a_size_the_run_visit
     else:
         extra = {"aux_logits": True, "init_weights": False} if name == "inception_v3" else {}
         model = torchvision.models.get_model(name, weights=None, num_classes=4, **extra)
+    failing = _largest_failing(model, visited_sizes(size, size, 0.5))
+    assert failing is not None and failing != (size, size)
     batches = [(torch.rand(2, 3, size, size), torch.tensor([0, 1]))]
     trainer = Trainer(
         model, batches, max_duration="1ba", algorithms=[ProgressiveResizing()], optimizer=optim.sgd(0.1),
         progress_bar=False,
     )  # fmt: skip
-    with pytest.raises(ValueError, match=rf"fails on {failing} inputs .*ProgressiveResizing out"):
+    with pytest.raises(ValueError, match=rf"fails on {failing[0]}x{failing[1]} inputs .*ProgressiveResizing out"):
         trainer.fit()
     assert trainer.timestamp.batch == 0
 
 
 def test_progressive_resizing_names_the_initial_scale_whose_sizes_all_pass() -> None:
-    # torchvision's ResNet-18 with an unpadded 3×3 convolution on its last feature map: down to 68 pixels (a 3×3
-    # map) it passes, at 64 (2×2) it fails; ProgressiveResizing at 0.54 visits 68 pixels and up.
+    # torchvision's ResNet-18 with an unpadded 3×3 convolution on its last feature map, ceil(size / 32) wide: the
+    # sizes whose map is narrower than 3 fail, and the suggested scale visits the smallest one that passes.
+    import math
+
     from torchvision.models import resnet18
 
     from composer_fn.algorithms import ProgressiveResizing
+    from composer_fn.algorithms.progressive_resizing import pinned_size, visited_sizes
 
     torch.manual_seed(0)
     model = resnet18(num_classes=4)
     model.avgpool = torch.nn.Sequential(torch.nn.Conv2d(512, 512, 3), torch.nn.AdaptiveAvgPool2d(1))
+    sizes = visited_sizes(128, 128, 0.25)
+    failing = next(size for size in sizes if math.ceil(size[1] / 32) < 3)
+    passing = sizes[sizes.index(failing) - 1]
+    scale = math.ceil(passing[1] / 128 * 100) / 100
+    assert pinned_size(128, 128, scale) == passing
     batches = [(torch.rand(2, 3, 128, 128), torch.tensor([0, 1]))]
     trainer = Trainer(
         model, batches, max_duration="1ba", algorithms=[ProgressiveResizing(initial_scale=0.25)],
         optimizer=optim.sgd(0.1), progress_bar=False,
     )  # fmt: skip
-    with pytest.raises(ValueError, match=r"from 32x32 up to 128x128, .* fails on 64x64 inputs .*initial_scale=0\.54 or more"):
+    expected = rf"from 32x32 up to 128x128, .* fails on {failing[0]}x{failing[1]} inputs .*initial_scale={scale} or more"
+    with pytest.raises(ValueError, match=expected):
         trainer.fit()
 
 
@@ -386,6 +454,6 @@ def test_a_surgery_is_refused_where_the_parent_reads_the_layers_weight_itself() 
     batches = [(torch.rand(2, 3, 16, 16), torch.tensor([0, 1]))]
     with pytest.raises(ValueError, match=r"ShiftedWindowAttentionV2\.forward\(\) reads self\.qkv\.weight"):
         Trainer(
-            model, batches, max_duration="1ba", progress_bar=False,
+            model, batches, max_duration="1ba", optimizer=optim.sgd(0.1), progress_bar=False,
             algorithms=[Factorize(min_features=32, latent_features=0.25)],
         ).fit()  # fmt: skip
