@@ -7,6 +7,8 @@ input's height and width) can lose the same rows and columns (``resize_target``)
 
 The kept counts depend only on ``H``, ``W`` and the fractions, so the output shape is static; which rows are
 kept comes from the key (the first entries of a keyed permutation, sorted), which compiles without breaks.
+At the first batch the model's forward runs on fake tensors at the cut size: a model that fails there is
+refused before the first step, naming the size.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from torch.utils.data import get_worker_info
 from composer_fn.algorithms._batch_transform import BatchTransform
 from composer_fn.algorithms._keys import check_key
 from composer_fn.algorithms._no_op import warn_changes_nothing
-from composer_fn.algorithms.progressive_resizing import check_resizable
+from composer_fn.algorithms._shapes import check_resizable, shape_failure
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import HostHook, register
@@ -290,12 +292,33 @@ class ColOut(BatchTransform):
             )
 
     def host_hooks(self) -> Mapping[Event, HostHook]:
-        return {**super().host_hooks(), Event.INIT: self._check_model}
+        return {**super().host_hooks(), Event.INIT: self._check_model, Event.BATCH_START: self._check_size}
 
     def _check_model(
         self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
     ) -> tuple[Static, State]:
         check_resizable(static.module, "ColOut drops rows and columns of the images, which makes them smaller", "ColOut")
+        return static, state
+
+    def _check_size(
+        self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
+    ) -> tuple[Static, State]:
+        # The smaller images tried once before the first step: a model that cannot take them (a window that must
+        # tile the feature map, an auxiliary head's kernel larger than it) is refused now, naming the size.
+        if meta is None or meta.tokens or len(meta.input_shape) < 3:
+            return static, state
+        height, width = meta.input_shape[-2], meta.input_shape[-1]
+        kept = (int((1 - self.p_row) * height), int((1 - self.p_col) * width))
+        if kept == (height, width) or min(kept) < 1:
+            return static, state
+        shapes = [(2, *meta.input_shape[1:]), (2, *meta.input_shape[1:-2], *kept)]
+        failure = shape_failure(static.module, state.params, state.buffers, shapes)
+        if failure is not None:
+            raise ValueError(
+                f"ColOut(p_row={self.p_row}, p_col={self.p_col}) cuts the {height}x{width} images to "
+                f"{kept[0]}x{kept[1]}, but {type(static.module).__name__} fails on {kept[0]}x{kept[1]} inputs "
+                f"({failure[2]}); lower p_row and p_col, or leave ColOut out for this model"
+            )
         return static, state
 
     def transform(self, key: R.Key, input: Tensor) -> Tensor:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
@@ -35,15 +34,15 @@ from typing import Literal, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call
 
 from composer_fn.algorithms._keys import check_key
 from composer_fn.algorithms._no_op import warn_changes_nothing
+from composer_fn.algorithms._shapes import check_resizable, fixed_input_size, shape_failure
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
 from composer_fn.core.event import Event
-from composer_fn.core.host import on_fake_tensors, readable_on_host
+from composer_fn.core.host import readable_on_host
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx, batch_get, batch_set, target_key_of
 from composer_fn.core.time import Timestamp
 
@@ -238,69 +237,12 @@ def resize_batch(
     return _resized(input, target, size, mode, resize_targets, key)
 
 
-_FIXED_SIZE_PATCH_EMBEDDINGS = frozenset({"ViTPatchEmbeddings", "DeiTPatchEmbeddings"})
-
-
-def _pair(size: object) -> tuple[int, int] | None:
-    if validate.is_integer(size):
-        return int(size), int(size)  # type: ignore[call-overload]
-    if isinstance(size, tuple | list) and len(size) == 2 and all(validate.is_integer(v) for v in size):
-        return int(size[0]), int(size[1])
-    return None
-
-
-def _declared_size(module: torch.nn.Module) -> tuple[int, int] | None:
-    kind, origin = type(module).__name__, type(module).__module__
-    if origin.startswith("torchvision.") and kind == "VisionTransformer":
-        return _pair(getattr(module, "image_size", None))
-    if getattr(module, "strict_img_size", False) is True:
-        return _pair(getattr(module, "img_size", None))
-    if origin.startswith("transformers.") and kind in _FIXED_SIZE_PATCH_EMBEDDINGS:
-        return _pair(getattr(module, "image_size", None))
-    return None
-
-
-def fixed_input_size(model: torch.nn.Module) -> tuple[str, tuple[int, int]] | None:
-    """Returns ``(module name, (height, width))`` of the first module that accepts only one input size, or None.
-
-    The size is the one these modules declare: torchvision's ``VisionTransformer.image_size``, a timm
-    ``PatchEmbed`` whose ``strict_img_size`` holds (its ``img_size``), and the ``image_size`` of Hugging Face's
-    ViT and DeiT patch embeddings. The name is ``""`` for ``model`` itself.
-    """
-    for name, module in model.named_modules():
-        size = _declared_size(module)
-        if size is not None:
-            return name, size
-    return None
-
-
-def check_resizable(model: torch.nn.Module, does: str, method: str) -> None:
-    """Raises ValueError when ``model`` accepts one input size only (``fixed_input_size``): ``does`` says how the
-    method ``method`` changes the images' size."""
-    fixed = fixed_input_size(model)
-    if fixed is None:
-        return
-    name, (height, width) = fixed
-    module = model.get_submodule(name)
-    where = f"submodule {name!r} ({type(module).__name__})" if name else type(module).__name__
-    raise ValueError(
-        f"{does}, but the model's {where} accepts only {height}x{width} inputs (its position embeddings have one "
-        f"entry per patch of that size). Leave {method} out for this model, or build it to accept other sizes "
-        "(timm: dynamic_img_size=True)"
-    )
-
-
 def visited_sizes(height: int, width: int, initial_scale: float, size_increment: int = 4) -> list[tuple[int, int]]:
     """Returns every ``(height, width)`` that ``pinned_size`` gives for a scale in ``[initial_scale, 1]``,
     largest first: the full size, then each multiple of ``size_increment`` down to the initial width."""
     low = pinned_size(height, width, initial_scale, size_increment)[1]
     widths = sorted({width, *range(low, width, size_increment)} if low < width else {width}, reverse=True)
     return [(height, width) if w == width else (max((height * w) // width, 1), w) for w in widths]
-
-
-_ANSWERED: weakref.WeakKeyDictionary[nn.Module, set[tuple[int, ...]]] = weakref.WeakKeyDictionary()
-"""The questions ``size_failure`` answered None for each module (the input shape and the sizes), so a run that asks
-at every batch runs the forwards once: the answer depends on the module's structure and the shapes alone."""
 
 
 def size_failure(
@@ -311,55 +253,15 @@ def size_failure(
     sizes: Sequence[tuple[int, int]],
 ) -> tuple[tuple[int, int], tuple[int, int] | None, str] | None:
     """Returns ``(size, smallest passing size or None, error)`` for the first of ``sizes`` (largest first, the
-    first the full size) at which ``module`` with ``params`` and ``buffers`` fails on inputs like
-    ``input_shape`` (two samples, its last two dims set to the size); None when every size passes, or when
-    the first fails too (the model fails for another cause, which its own step reports).
-
-    The forward runs in the module's mode (training: auxiliary heads included), without gradients, on fake
-    tensors where those run the full size (else on real ones, on the tensors' device), with torch's generator
-    put back after; buffers are copies, so BatchNorm statistics do not move.
+    first the full size) at which ``module`` fails on inputs like ``input_shape`` (two samples, its last two dims
+    set to the size); None when every size passes, or when the first fails too (see ``shape_failure``).
     """
-    if not sizes:
+    shapes = [(2, *input_shape[1:-2], *size) for size in sizes]
+    failure = shape_failure(module, params, buffers, shapes)
+    if failure is None:
         return None
-    template = next((t for t in params.values() if t.is_floating_point()), None)
-    dtype = template.dtype if template is not None else torch.float32
-    device = template.device if template is not None else torch.device("cpu")
-    shape = (2, *input_shape[1:-2])
-    key = (*shape, *(dim for size in sizes for dim in size))
-    if key in _ANSWERED.get(module, set()):
-        return None
-
-    def forward(size: tuple[int, int], tensors: tuple[dict[str, Tensor], dict[str, Tensor]]) -> None:
-        functional_call(module, tensors, (torch.zeros((*shape, *size), dtype=dtype, device=device),))
-
-    def run(size: tuple[int, int], fake: bool) -> None:
-        tensors = ({**params}, {name: b.clone() for name, b in buffers.items()})
-        if fake:
-            on_fake_tensors(forward, size, tensors)
-        else:
-            forward(size, tensors)
-
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
-        fake = True
-        try:
-            run(sizes[0], fake)
-        except Exception:  # noqa: BLE001 -- a model fake tensors cannot run is run on real ones
-            fake = False
-            try:
-                run(sizes[0], fake)
-            except Exception:  # noqa: BLE001 -- failing at full size, the model fails for another cause
-                _ANSWERED.setdefault(module, set()).add(key)
-                return None
-        passed: tuple[int, int] = sizes[0]
-        for size in sizes[1:]:
-            try:
-                run(size, fake)
-            except Exception as error:  # noqa: BLE001 -- the model's own error, reported with the size
-                smaller = passed if passed != sizes[0] else None
-                return size, smaller, (str(error).strip().splitlines() or [type(error).__name__])[0]
-            passed = size
-    _ANSWERED.setdefault(module, set()).add(key)
-    return None
+    shape, passed, error = failure
+    return (shape[-2], shape[-1]), None if passed is None else (passed[-2], passed[-1]), error
 
 
 @register

@@ -9,6 +9,9 @@ static shape.
 
 The scoring pass runs under the step's precision and does not update BatchNorm statistics (its buffers are
 discarded; Composer's scoring pass, in train mode, updates them).
+
+At the run's first batch and at each pruned one, the model's forward runs on fake tensors at the kept batch size
+(and the scoring size): a model that cannot take them is refused before the step, naming the shape.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ from torch import Tensor
 from composer_fn.algorithms._keys import check_key
 from composer_fn.algorithms._label_mixing import check_batch
 from composer_fn.algorithms._no_op import warn_changes_nothing
+from composer_fn.algorithms._shapes import shape_failure
 from composer_fn.core import random as R
 from composer_fn.core import validate
-from composer_fn.core.algorithm import Algorithm, Hook, register
+from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
 from composer_fn.core.event import Event
-from composer_fn.core.state import State, StepCtx, batch_get, batch_input
+from composer_fn.core.state import BatchMeta, State, Static, StepCtx, batch_get, batch_input
 from composer_fn.core.time import Timestamp
 
 __all__ = [
@@ -215,8 +219,44 @@ class SelectiveBackprop(Algorithm):
             )
 
     def match(self, event: Event, timestamp: Timestamp) -> bool:
-        return self.keep < 1 and should_selective_backprop(
+        pruned = self.keep < 1 and should_selective_backprop(
             timestamp.elapsed, timestamp.batch_in_epoch, self.start, self.end, self.interrupt
+        )
+        # The shape check runs at the first batch of the run, ahead of the interval, and at every pruned batch.
+        return pruned or (event is Event.BATCH_START and timestamp.batch == 0 and self.keep < 1 and self.start < self.end)
+
+    def host_hooks(self) -> Mapping[Event, HostHook]:
+        return {Event.BATCH_START: self._check_shapes}
+
+    def _check_shapes(
+        self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
+    ) -> tuple[Static, State]:
+        # The kept samples (and the downscaled scoring input) tried before the step that prunes, on fake tensors: a
+        # model that cannot take them (BatchNorm over a single sample, a kernel larger than a downscaled map) is
+        # refused, naming the shape, instead of failing inside its own code. Integer inputs (token ids) are left
+        # to the step: a language model takes any batch size.
+        if meta is None or meta.tokens or len(meta.input_shape) < 2:
+            return static, state
+        full = meta.input_shape
+        kept = max(int(self.keep * full[0]), 1)
+        shapes = [full, (kept, *full[1:])]
+        if self.scale_factor != 1 and len(full) in _INTERPOLATION:
+            shapes.append((full[0], full[1], *(math.floor(dim * self.scale_factor) for dim in full[2:])))
+        failure = shape_failure(static.module, state.params, state.buffers, shapes)
+        if failure is None:
+            return static, state
+        shape, _, error = failure
+        model = type(static.module).__name__
+        if shape == shapes[1]:
+            raise ValueError(
+                f"SelectiveBackprop(keep={self.keep}) trains on {kept} of the batch's {full[0]} samples, but {model} "
+                f"fails on a batch of {kept} ({error}); use a larger keep or larger batches, or leave "
+                "SelectiveBackprop out for this model"
+            )
+        raise ValueError(
+            f"SelectiveBackprop(scale_factor={self.scale_factor}) scores the batch at "
+            f"{'x'.join(map(str, shape[2:]))}, but {model} fails on that input ({error}); use a larger scale_factor "
+            "(1 scores at full size), or leave SelectiveBackprop out for this model"
         )
 
     def traced_hooks(self, plan_key: Hashable = ()) -> Mapping[Event, Hook]:

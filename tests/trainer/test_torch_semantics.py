@@ -440,6 +440,81 @@ def test_progressive_resizing_names_the_initial_scale_whose_sizes_all_pass() -> 
         trainer.fit()
 
 
+def _library_fails(model: torch.nn.Module, shape: tuple[int, ...]) -> bool:
+    # The library itself as the reference: a real forward at ``shape``, in training, without gradients.
+    probe = copy.deepcopy(model).train()
+    with torch.no_grad():
+        try:
+            probe(torch.zeros(shape))
+        except Exception:  # noqa: BLE001 -- any failure of the library's forward is what the check must find
+            return True
+    return False
+
+
+def _torchvision_model(name: str) -> torch.nn.Module:
+    import torchvision
+
+    torch.manual_seed(0)
+    extra = {"aux_logits": True, "init_weights": False} if name == "inception_v3" else {}
+    return torchvision.models.get_model(name, weights=None, num_classes=4, **extra)
+
+
+@pytest.mark.parametrize(("name", "size"), [("inception_v3", 299), ("maxvit_t", 224)])
+def test_colout_refuses_a_model_that_fails_on_the_cut_images_naming_the_size(name: str, size: int) -> None:
+    # ColOut keeps int(0.85 * size) rows and columns: Inception v3's auxiliary kernel outgrows the smaller feature
+    # map, MaxViT's windows no longer tile it. Refused before the first step instead of failing inside torchvision.
+    from composer_fn.algorithms import ColOut
+
+    model = _torchvision_model(name)
+    kept = int(0.85 * size)
+    assert not _library_fails(model, (2, 3, size, size)) and _library_fails(model, (2, 3, kept, kept))
+    batches = [(torch.rand(2, 3, size, size), torch.tensor([0, 1]))]
+    trainer = Trainer(
+        model, batches, max_duration="1ba", algorithms=[ColOut()], optimizer=optim.sgd(0.1), progress_bar=False
+    )
+    with pytest.raises(ValueError, match=rf"cuts the {size}x{size} images to {kept}x{kept}, .* fails on .*ColOut out"):
+        trainer.fit()
+    assert trainer.timestamp.batch == 0
+
+
+def test_selective_backprop_refuses_a_kept_batch_the_model_cannot_take_before_the_first_step() -> None:
+    # Inception v3's auxiliary BatchNorm sees a 1x1 map: one kept sample of two gives it one value per channel.
+    # Pruning starts at half the run; the refusal comes at its first batch.
+    from composer_fn.algorithms import SelectiveBackprop
+
+    model = _torchvision_model("inception_v3")
+    assert not _library_fails(model, (2, 3, 299, 299)) and _library_fails(model, (1, 3, 299, 299))
+    batches = [(torch.rand(2, 3, 299, 299), torch.tensor([0, 1]))] * 4
+    trainer = Trainer(
+        model, batches, max_duration="4ba", algorithms=[SelectiveBackprop()], optimizer=optim.sgd(0.1),
+        progress_bar=False,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"trains on 1 of the batch's 2 samples, but Inception3 fails on a batch of 1"):
+        trainer.fit()
+    assert trainer.timestamp.batch == 0
+
+
+def test_selective_backprop_refuses_a_scoring_size_the_model_cannot_take() -> None:
+    # A torchvision ResNet-18 with an unpadded 3x3 convolution on its last feature map (size / 32 wide): scoring at
+    # half of 128 leaves it 2 wide. Keeping half of 4 samples passes; the scoring size is what is named.
+    from torchvision.models import resnet18
+
+    from composer_fn.algorithms import SelectiveBackprop
+
+    torch.manual_seed(0)
+    model = resnet18(num_classes=4)
+    model.avgpool = torch.nn.Sequential(torch.nn.Conv2d(512, 512, 3), torch.nn.AdaptiveAvgPool2d(1))
+    assert not _library_fails(model, (2, 3, 128, 128)) and _library_fails(model, (4, 3, 64, 64))
+    batches = [(torch.rand(4, 3, 128, 128), torch.tensor([0, 1, 2, 3]))] * 2
+    trainer = Trainer(
+        model, batches, max_duration="2ba", algorithms=[SelectiveBackprop(scale_factor=0.5)], optimizer=optim.sgd(0.1),
+        progress_bar=False,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"scale_factor=0\.5\) scores the batch at 64x64, but ResNet fails"):
+        trainer.fit()
+    assert trainer.timestamp.batch == 0
+
+
 def test_a_surgery_is_refused_where_the_parent_reads_the_layers_weight_itself() -> None:
     # torchvision's Swin v2 attention hands self.qkv.weight to a function instead of calling self.qkv.
     from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer, SwinTransformerBlockV2
