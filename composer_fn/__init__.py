@@ -36,14 +36,24 @@ if TYPE_CHECKING:
     from composer_fn.core.time import TimeUnit as TimeUnit
     from composer_fn.dry_run import dry_run as dry_run
     from composer_fn.export import export_model as export_model
+    from composer_fn.trainer import BatchLayout as BatchLayout
+    from composer_fn.trainer import Checkpointing as Checkpointing
     from composer_fn.trainer import Evaluator as Evaluator
+    from composer_fn.trainer import Execution as Execution
+    from composer_fn.trainer import Reporting as Reporting
+    from composer_fn.trainer import Resume as Resume
     from composer_fn.trainer import Trainer as Trainer
     from composer_fn.trainer import load_model as load_model
 
 # public name: the module that defines it
 _ORIGINS: dict[str, str] = {
     "Algorithm": "composer_fn.core.algorithm",
+    "BatchLayout": "composer_fn.trainer",
+    "Checkpointing": "composer_fn.trainer",
     "Evaluator": "composer_fn.trainer",
+    "Execution": "composer_fn.trainer",
+    "Reporting": "composer_fn.trainer",
+    "Resume": "composer_fn.trainer",
     "Event": "composer_fn.core.event",
     "State": "composer_fn.core.state",
     "Static": "composer_fn.core.state",
@@ -69,8 +79,13 @@ _MODULES: dict[str, str] = {
 
 _NAMES = (
     "Algorithm",
+    "BatchLayout",
+    "Checkpointing",
     "Evaluator",
     "Event",
+    "Execution",
+    "Reporting",
+    "Resume",
     "State",
     "Static",
     "StepCtx",

@@ -11,6 +11,11 @@ given on the command line overrides the field. Four tables say what flags cannot
 - ``[schedule]``: ``name`` (``cosine_warmup``, ``linear_warmup``, ``constant``, ...) and its arguments.
 - ``[loggers]``: ``tensorboard = "<folder>"`` and ``console = true``; and ``callbacks``, a list among
   ``speed``, ``lr``, ``memory``, ``runtime``, ``system``, ``nan`` and ``optimizer``.
+- ``[execution]``, ``[checkpointing]``, ``[resume]`` and ``[reporting]``: the Trainer's option records
+  (``composer_fn.trainer.Execution``, ...), whose fields are the flags they stand for: ``[execution]``
+  ``precision``, ``compile``, ``microbatch_size``, ``dist_timeout``; ``[checkpointing]`` ``folder``,
+  ``interval``; ``[resume]`` ``path``, ``autoresume``; ``[reporting]`` ``log_interval``, ``progress_bar``.
+  A setting given both in a table and as a top-level field is an error.
 - ``[evaluators.<label>]``, evaluators of the task's held-out set: ``metrics`` (a list among ``accuracy``,
   ``f1``, ``precision``, ``recall``, macro-averaged; none: the exact accuracy and loss), ``subset_num_batches``,
   ``eval_interval``. Without the table, the held-out set is the evaluator ``eval``: ``eval/eval/accuracy`` and
@@ -55,6 +60,13 @@ SCHEDULES = {
 }
 CALLBACKS = ("speed", "lr", "memory", "runtime", "system", "nan", "optimizer")
 _TABLES = ("algorithms", "optimizer", "schedule", "loggers", "evaluators")
+RECORD_TABLES: Mapping[str, Mapping[str, str]] = {
+    "execution": {"precision": "precision", "compile": "compile", "microbatch_size": "microbatch_size", "dist_timeout": "dist_timeout"},
+    "checkpointing": {"folder": "save_folder", "interval": "save_interval"},
+    "resume": {"path": "load_path", "autoresume": "autoresume"},
+    "reporting": {"log_interval": "log_interval", "progress_bar": "no_progress"},
+}
+"""Each record table's fields to the flag each stands for (``progress_bar`` is the negation of ``no_progress``)."""
 METRICS = ("accuracy", "f1", "precision", "recall")
 
 
@@ -224,9 +236,33 @@ def load_recipe(path: str | os.PathLike[str], flags: Mapping[str, Callable[[str]
     )
 
 
+def _record_tables_as_fields(recipe: Recipe, data: Mapping[str, Any]) -> dict[str, Any]:
+    # ``[execution] precision = "bf16-mixed"`` is the field ``precision``; a setting given twice is refused.
+    fields = {name: value for name, value in data.items() if name not in RECORD_TABLES}
+    for table, names in RECORD_TABLES.items():
+        given = data.get(table, {})
+        if not isinstance(given, dict):
+            raise recipe.error(table, f"expected a table [{table}] with fields among {', '.join(names)}")
+        for name, value in given.items():
+            if name not in names:
+                raise recipe.error(f"{table}.{name}", f"unknown field; accepted: {', '.join(names)}")
+            flag = names[name]
+            if flag in fields:
+                raise recipe.error(
+                    f"{table}.{name}", f"the top-level field {flag!r} sets it too: keep one of them"
+                )
+            if name == "progress_bar":
+                if not isinstance(value, bool):
+                    raise recipe.error(f"{table}.{name}", f"{value!r}: expected true or false")
+                value = not value
+            fields[flag] = value
+    return fields
+
+
 def recipe_fields(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Returns the fields of the recipe file at ``path`` as TOML gives them, its ``base`` chain merged in, before
-    any check of their names or values (``load_recipe`` checks them)."""
+    """Returns the fields of the recipe file at ``path`` as TOML gives them (the record tables' fields as the
+    flags they stand for), its ``base`` chain merged in, before any check of their values (``load_recipe`` checks
+    them)."""
     return _read(Path(path), f"--config={str(path)!r}", ())
 
 
@@ -247,6 +283,7 @@ def _read(file: Path, named: str, chain: tuple[Path, ...]) -> dict[str, Any]:
         raise RecipeError(f"{named}: is not text (not UTF-8); expected a TOML file, e.g. recipes/digits-baseline.toml") from None
     except tomllib.TOMLDecodeError as error:
         raise RecipeError(f"{file}: not TOML ({error})") from None
+    data = _record_tables_as_fields(Recipe(file, {}), data)
     if "base" not in data:
         return data
     base = data.pop("base")

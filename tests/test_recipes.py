@@ -96,6 +96,11 @@ def test_flags_override_the_fields_and_the_tables_build_what_they_say(tmp_path: 
         ('[evaluators.val]\nmetrics = ["auc"]\n', "field evaluators.val.metrics: ['auc']: expected a list among accuracy"),
         ("[evaluators.val]\nsubset_num_batches = 0\n", "field evaluators.val: subset_num_batches=0"),
         ("[evaluators]\nval = 3\n", "field evaluators: expected tables [evaluators.<label>]"),
+        ("[execution]\nprecison = 'fp32'\n", "field execution.precison: unknown field; accepted: precision, compile"),
+        ('precision = "fp32"\n[execution]\nprecision = "fp32"\n', "field execution.precision: the top-level field 'precision'"),
+        ("[reporting]\nprogress_bar = 1\n", "field reporting.progress_bar: 1: expected true or false"),
+        ('[execution]\nprecision = "fp8"\n', "field precision: invalid value 'fp8'; accepted: fp32"),
+        ("execution = 3\n", "field execution: expected a table [execution]"),
     ],
 )
 def test_a_bad_field_is_refused_in_one_line_naming_file_field_and_what_is_accepted(
@@ -140,6 +145,26 @@ def test_a_recipe_on_a_base_replaces_fields_merges_tables_and_appends_algorithms
     assert loaded.algorithms == (("mixup", {"alpha": 0.5}), ("label_smoothing", {"smoothing": 0.05}), ("ema", {"half_life": "10ba"}))
     assert loaded.optimizer == {"name": "sgd", "learning_rate": 0.2, "momentum": 0.9}
     assert loaded.callbacks == ("lr",)
+
+
+def test_the_record_tables_set_what_the_flags_would_and_a_recipe_over_a_base_replaces_them(tmp_path: Path) -> None:
+    from composer_fn.recipes import load_recipe
+
+    converters = _converters(_parser()[1]["train"])
+    tables = _write(
+        tmp_path,
+        '[execution]\nprecision = "bf16-mixed"\ncompile = true\nmicrobatch_size = 8\ndist_timeout = 60\n'
+        '[checkpointing]\nfolder = "runs/a"\ninterval = "2ba"\n[resume]\nautoresume = true\n'
+        '[reporting]\nlog_interval = "5ba"\nprogress_bar = false\n',
+    )
+    (tmp_path / "flat.toml").write_text(
+        'precision = "bf16-mixed"\ncompile = true\nmicrobatch_size = 8\ndist_timeout = 60\nsave_folder = "runs/a"\n'
+        'save_interval = "2ba"\nautoresume = true\nlog_interval = "5ba"\nno_progress = true\n'
+    )
+    assert load_recipe(tables, converters).flags == load_recipe(tmp_path / "flat.toml", converters).flags
+    (tmp_path / "over.toml").write_text(f'base = "{tables.name}"\nprecision = "fp32"\n[reporting]\nprogress_bar = true\n')
+    over = load_recipe(tmp_path / "over.toml", converters).flags
+    assert over["precision"] == "fp32" and over["no_progress"] is False and over["microbatch_size"] == 8
 
 
 @pytest.mark.parametrize(

@@ -266,6 +266,7 @@ class ColOut(BatchTransform):
     """
 
     algorithm_name = "colout"
+    checks_at = frozenset({Event.BATCH_START})
 
     p_row: float = 0.15
     p_col: float = 0.15

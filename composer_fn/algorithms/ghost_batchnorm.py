@@ -184,6 +184,7 @@ class GhostBatchNorm(Surgery):
     """
 
     algorithm_name = "ghost_batchnorm"
+    checks_at = frozenset({Event.BATCH_START})
 
     ghost_batch_size: int = 32
 

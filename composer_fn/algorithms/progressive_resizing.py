@@ -280,6 +280,8 @@ class ProgressiveResizing(Algorithm):
         target_key: where the target sits in the batch.
     """
 
+    checks_at = frozenset({Event.BATCH_START})
+
     mode: ResizeMode = "resize"
     initial_scale: float = 0.5
     finetune_fraction: float = 0.2

@@ -190,6 +190,7 @@ class SelectiveBackprop(Algorithm):
 
     placement = "first"
     requires = frozenset({"extra_forward", "per_sample_loss"})
+    checks_at = frozenset({Event.BATCH_START})
 
     start: float = 0.5
     end: float = 0.9

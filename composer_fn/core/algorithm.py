@@ -119,6 +119,10 @@ class Algorithm:
     requires: ClassVar[frozenset[str]] = frozenset()
     """What the trainer must provide, a subset of ``REQUIREMENTS``."""
 
+    checks_at: ClassVar[frozenset[Event]] = frozenset()
+    """Events whose host hook only checks the run (and may refuse it), changing nothing: the algorithm does not act
+    there, so the run's records of when algorithms switch on and off leave those events out."""
+
     @property
     def name(self) -> str:
         """Returns the key of this algorithm's entry in ``State.algos``, in ``StepCtx.scratch`` and in traces."""

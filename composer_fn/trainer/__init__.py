@@ -5,7 +5,22 @@ import composer_fn.algorithms  # noqa: F401
 from composer_fn.trainer.checkpoint import load_checkpoint, save_checkpoint
 from composer_fn.trainer.evaluator import Evaluator
 from composer_fn.trainer.model import load_model
+from composer_fn.trainer.options import BatchLayout, Checkpointing, Execution, Reporting, Resume
 from composer_fn.trainer.step import cross_entropy_loss, make_eval_step, make_train_step
 from composer_fn.trainer.trainer import Trainer
 
-__all__ = ["Evaluator", "Trainer", "cross_entropy_loss", "load_checkpoint", "load_model", "make_eval_step", "make_train_step", "save_checkpoint"]
+__all__ = [
+    "BatchLayout",
+    "Checkpointing",
+    "Evaluator",
+    "Execution",
+    "Reporting",
+    "Resume",
+    "Trainer",
+    "cross_entropy_loss",
+    "load_checkpoint",
+    "load_model",
+    "make_eval_step",
+    "make_train_step",
+    "save_checkpoint",
+]

@@ -29,7 +29,6 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, algorithms_from_json
 from composer_fn.core.state import State
 from composer_fn.core.time import Timestamp
@@ -44,7 +43,6 @@ __all__ = [
     "prune_checkpoints",
     "remove_stale_temporaries",
     "checkpoint_name",
-    "CheckpointOptions",
     "autoresume_path",
     "checkpoint_algorithms",
     "with_recorded_surgeries",
@@ -397,91 +395,6 @@ def with_recorded_surgeries(
     if missing and rewrites and all(a in recorded for a in given):
         return recorded
     return given
-
-
-@dataclass(frozen=True)
-class CheckpointOptions:
-    """The Trainer's checkpoint arguments, checked by ``of`` (see ``Trainer`` for each)."""
-
-    keep: int
-    save_weights_only: bool
-    load_weights_only: bool
-    load_strict_model_weights: bool
-    load_ignore_keys: tuple[str, ...]
-
-    @classmethod
-    def of(
-        cls,
-        save_folder: object,
-        keep: object,
-        save_weights_only: object,
-        load_weights_only: object,
-        strict: object,
-        ignore_keys: object,
-        autoresume: object,
-        *,
-        load_path: object = None,
-    ) -> CheckpointOptions:
-        """Returns the checked options; raises naming the Trainer argument that is wrong or needs another.
-
-        The arguments are the Trainer's ``save_folder``, ``save_num_checkpoints_to_keep``, ``save_weights_only``,
-        ``load_weights_only``, ``load_strict_model_weights``, ``load_ignore_keys``, ``autoresume`` and
-        ``load_path``. An option given without the one it needs (``save_weights_only`` without ``save_folder``,
-        ``load_ignore_keys`` without ``load_path`` and ``load_weights_only``) would be ignored, so it is refused
-        naming both.
-        """
-        if not (validate.is_integer(keep) and (keep == -1 or keep >= 1)):
-            raise ValueError(f"save_num_checkpoints_to_keep={keep!r} must be an int >= 1, or -1 to keep every checkpoint")
-        flags = [
-            validate.flag(name, value)
-            for name, value in (
-                ("save_weights_only", save_weights_only),
-                ("load_weights_only", load_weights_only),
-                ("load_strict_model_weights", strict),
-                ("autoresume", autoresume),
-            )
-        ]
-        if isinstance(ignore_keys, str) or not isinstance(ignore_keys, Iterable):
-            raise TypeError(f"load_ignore_keys={ignore_keys!r}: expected a list of name patterns, e.g. ['head.*']")
-        patterns = tuple(ignore_keys)
-        if not all(isinstance(pattern, str) for pattern in patterns):
-            raise TypeError(f"load_ignore_keys={ignore_keys!r}: expected a list of name patterns (strings)")
-        if autoresume and save_folder is None:
-            raise ValueError("autoresume=True needs a save_folder to resume from; pass save_folder=...")
-        if flags[0] and autoresume:
-            raise ValueError(
-                "autoresume=True resumes from full checkpoints, but save_weights_only=True saves weights only; "
-                "drop one of them"
-            )
-        if save_folder is None:
-            save_options: tuple[tuple[str, object, object], ...] = (
-                ("save_num_checkpoints_to_keep", keep, -1),
-                ("save_weights_only", flags[0], False),
-            )
-            for name, value, default in save_options:
-                if value != default:
-                    raise ValueError(
-                        f"{name}={value!r} needs save_folder, which was not given (no checkpoint is written without "
-                        f"it): pass save_folder=... or drop {name}"
-                    )
-        if flags[1] and load_path is None:
-            raise ValueError(
-                "load_weights_only=True needs load_path, the checkpoint to take the weights from, which was not given"
-            )
-        weights_only_options: tuple[tuple[str, object, bool], ...] = (
-            ("load_ignore_keys", list(patterns), bool(patterns)),
-            ("load_strict_model_weights", strict, not flags[2]),
-        )
-        for option, setting, changed in weights_only_options:
-            if changed and not flags[1]:
-                raise ValueError(
-                    f"{option}={setting!r} applies only with load_weights_only=True (a full resume from load_path "
-                    f"loads every tensor strictly): pass load_weights_only=True or drop {option}"
-                    if load_path is not None
-                    else f"{option}={setting!r} applies only with load_path and load_weights_only=True, neither of "
-                    f"which was given: pass both, or drop {option}"
-                )
-        return cls(int(keep), flags[0], flags[1], flags[2], patterns)
 
 
 def autoresume_path(save_folder: str | Path | None, load_path: str | Path | None) -> str | Path | None:

@@ -18,7 +18,6 @@ import functools
 import gc
 import itertools
 import math
-import os
 import re
 import sys
 import time
@@ -47,10 +46,8 @@ from composer_fn.core.event import TRAIN_STEP_EVENTS, Event
 from composer_fn.core.passes import DEFAULT_PASSES, Pass
 from composer_fn.core.schedule import Action, Progress, run_schedule
 from composer_fn.core.state import (
-    PRECISIONS,
     BatchMeta,
     LossFn,
-    Precision,
     State,
     Static,
     batch_get,
@@ -65,10 +62,9 @@ from composer_fn.core.time import Time, Timestamp, TimeUnit, to_steps
 from composer_fn.loggers.base import Logger
 from composer_fn.optim.base import GradientTransformation
 from composer_fn.optim.optimizers import sgdw
-from composer_fn.profiler import Profiler, ProfileSession, marked
+from composer_fn.profiler import ProfileSession, marked
 from composer_fn.trainer import distributed
 from composer_fn.trainer.checkpoint import (
-    CheckpointOptions,
     autoresume_path,
     checkpoint_name,
     load_checkpoint,
@@ -80,12 +76,10 @@ from composer_fn.trainer.checkpoint import (
 )
 from composer_fn.trainer.checks import (
     available_device,
-    check_loss_signature,
     check_predict_input,
     first_line,
     input_expectation,
     logged_metrics,
-    plain_metadata,
 )
 from composer_fn.trainer.evaluation import evaluate, measure
 from composer_fn.trainer.evaluator import Evaluator
@@ -93,6 +87,15 @@ from composer_fn.trainer.learning_rate import learning_rate
 from composer_fn.trainer.loss_scale import DynamicLossScale
 from composer_fn.trainer.microbatch import failed_contribution, norm_statistics, split_batch
 from composer_fn.trainer.model import evaluation_state, module_with
+from composer_fn.trainer.options import (
+    BatchLayout,
+    Checkpointing,
+    Execution,
+    Reporting,
+    Resume,
+    epochs_or_batches,
+    options_from,
+)
 from composer_fn.trainer.outputs import (
     causal_shift,
     default_loss,
@@ -106,7 +109,6 @@ from composer_fn.trainer.outputs import (
 )
 from composer_fn.trainer.randomness import ModelDraws
 from composer_fn.trainer.step import (
-    GRAD_MODES,
     GradMode,
     StepFn,
     check_class_targets,
@@ -126,19 +128,6 @@ SUPPORTED_REQUIREMENTS: frozenset[str] = frozenset(
     {"per_sample_loss", "extra_forward", "loss_closure", "train_data"}
 )
 """What this trainer can provide to algorithms (see ``Algorithm.requires``)."""
-
-
-def _interval(value: str | int | Time | None, argument: str) -> Time | None:
-    if value is None:
-        return None
-    return _epochs_or_batches(value, argument, "1ep")
-
-
-def _epochs_or_batches(value: object, argument: str, example: str) -> Time:
-    time = validate.time(argument, value, (TimeUnit.EPOCH, TimeUnit.BATCH), example, number_unit=TimeUnit.EPOCH)
-    if time.value <= 0:
-        raise ValueError(f"{argument}={value!r} must be a positive amount of epochs or batches, e.g. {example!r}")
-    return time
 
 
 class Trainer:
@@ -163,69 +152,25 @@ class Trainer:
             ``max_duration`` and the schedule's times in ba and ep stretch by the same ``r``.
         algorithms: algorithm records, each at most once.
         seed: the root of every random draw of the run.
-        precision: ``'fp32'``, ``'bf16-mixed'`` or ``'fp16-mixed'`` (autocast inside the step; fp16 with dynamic
-            loss scaling, ``composer_fn.trainer.loss_scale``, whose scale is checkpointed with the run).
-        compile: False, True (inductor) or the name of a ``torch.compile`` backend.
-        callbacks: observers (``composer_fn.callbacks``), called at the run's events with read-only state. An
-            eager run updates the state's tensors in place (the trainer owns them), so a callback that keeps a
-            tensor past its call keeps a clone.
-        loggers: metric destinations (``composer_fn.loggers``): each receives the training records every
-            ``log_interval`` and every evaluation's metrics.
-        save_folder: where checkpoints go (``ep{epoch}-ba{batch}.pt`` and ``latest.pt``); None saves nothing.
-            Temporary files an interrupted write left there are removed when the trainer is built.
-        save_interval: how often to checkpoint (default ``'1ep'``); needs ``save_folder``.
-        save_num_checkpoints_to_keep: how many of the newest checkpoints stay in ``save_folder``; -1 keeps all.
-            Needs ``save_folder``.
-        save_weights_only: checkpoints hold the parameters and buffers only (to start other runs from, not to
-            resume this one). Needs ``save_folder``.
-        save_metadata: plain values (strings, numbers, booleans, lists, dicts) stored in every checkpoint, read back
-            by ``composer_fn.trainer.checkpoint.checkpoint_metadata``: how to rebuild the model, the data it took.
-        load_path: a checkpoint to resume from. Surgery algorithms (``Capabilities.rewrites``) the checkpoint records
-            but the trainer was not given are re-applied, in the recorded order, before its tensors load. A
-            checkpoint of a run with another ``max_duration`` resumes with a warning: the schedule's length changed.
-        load_weights_only: take only the parameters and buffers from ``load_path`` and start a new run (another
-            optimizer or other algorithms allowed). Needs ``load_path``.
-        load_strict_model_weights: with ``load_weights_only``, whether every name must be in both the checkpoint
-            and the model (False skips names in one only; shapes must always match). A load that would take no
-            parameter at all is refused.
-        load_ignore_keys: with ``load_weights_only``, ``fnmatch`` patterns of names not to load (``['head.*']``);
-            each must match a name of the checkpoint or the model.
-        autoresume: resume from the newest checkpoint in ``save_folder`` when there is one (it takes precedence
-            over ``load_path``, and loads the whole run even with ``load_weights_only``), else start from
-            ``load_path`` or fresh: rerunning an interrupted job continues it.
-        device: where the run trains (``'cpu'``, ``'cuda'``, ``'cuda:1'`` or a ``torch.device``); None takes the
-            first GPU when there is one (under torchrun, the ``LOCAL_RANK``-th), else the CPU.
-        loss_fn: ``loss_fn(outputs, batch)`` (any callable of two positional arguments); default: the model's own
-            loss where its output holds one, else cross-entropy against the targets (``target_key``).
-        per_sample_loss_fn: ``fn(outputs, batch) -> [B]`` for algorithms that need per-sample losses; default
-            with the default loss: each sample's cross-entropy of the logits, averaged over its labelled positions
-            (``-100`` ignored; a causal language model's logits at ``t`` against the labels at ``t + 1``); with a
-            given ``loss_fn``, that vectorized over samples (vmap).
-        input_key: where a batch holds the model's input: an index into a tuple or list batch, or a key of a
-            dict batch. None (the default): a mapping batch goes to the model whole, as keyword arguments (those
-            its ``forward`` names, as Composer's ``HuggingFaceModel`` passes them: ``attention_mask`` and
-            ``labels`` reach it), and a tuple or list batch gives its item 0.
-        target_key: where a batch holds the targets the default loss and evaluation read, as ``input_key``;
-            None (the default): a mapping batch's ``'labels'``, a tuple or list batch's item 1.
         eval_interval: how often to evaluate (default ``'1ep'``); needs ``eval_dataloader``. Before the first step,
             each evaluator's first batch goes through the model and its metrics once (nothing of the run changes),
             so that outputs its metrics cannot take, or labels the model has no class for, are refused up front.
-        log_interval: how often loggers and monitors receive a training record (default every 50 batches, as
-            Lightning's and timm's: a record costs some 100-300 µs with TensorBoard, console and monitors on, so
-            a much shorter interval shows on a fast step).
-        progress_bar: show a progress bar of the run's steps on stderr (rank 0 only).
         passes: the pure passes that order the algorithms at each event
             (``composer_fn.core.passes.DEFAULT_PASSES``: Composer's order).
-        grad_mode: ``'autograd'`` (default eager) or ``'func'`` (default when compiling).
-        device_train_microbatch_size: cut each of this process's batches into microbatches of this many samples
-            and accumulate their gradients (each weighted by its share of the global batch: of its samples, or,
-            with the default loss, of its labelled positions, a padded language model batch's tokens) into one
-            step; the step equals the unaccumulated one up to rounding, and so does a run on several processes. ``'auto'`` starts from the whole batch and, when a
-            step runs out of device memory, halves the microbatch and retries the same batch (every process
-            agrees); the size it settles on is logged. None: one microbatch.
-        dist_timeout: seconds a collective waits for the other processes (torchrun runs) before failing.
-        profiler: a ``composer_fn.profiler.Profiler``: record steps with ``torch.profiler`` on its schedule, with
-            the run's own markers, into a Chrome trace per process (``profile_traces`` lists them after ``fit``).
+        execution: where and how the step runs: device, precision, compile, gradient mode, microbatch size,
+            process-group timeout (``Execution``).
+        layout: where batches hold the model's input and the targets, and the losses (``BatchLayout``).
+        checkpointing: where and how often checkpoints are written (``Checkpointing``).
+        resume: the checkpoint the run starts from, whole or its weights only (``Resume``).
+        reporting: callbacks, loggers, the log interval, the progress bar and the profiler (``Reporting``).
+        composer_arguments: Composer's flat names for the records' fields, each mapped by
+            ``composer_fn.trainer.options.COMPOSER_NAMES``: ``device``, ``precision``, ``compile``, ``grad_mode``,
+            ``device_train_microbatch_size`` and ``dist_timeout`` (``Execution``); ``input_key``, ``target_key``,
+            ``loss_fn`` and ``per_sample_loss_fn`` (``BatchLayout``); ``save_folder``, ``save_interval``,
+            ``save_num_checkpoints_to_keep``, ``save_weights_only`` and ``save_metadata`` (``Checkpointing``);
+            ``load_path``, ``autoresume``, ``load_weights_only``, ``load_strict_model_weights`` and
+            ``load_ignore_keys`` (``Resume``); ``callbacks``, ``loggers``, ``log_interval``, ``progress_bar`` and
+            ``profiler`` (``Reporting``). A record and a flat name for the same record are refused together.
 
     Under ``torchrun`` (``RANK``/``WORLD_SIZE`` in the environment) or in an initialised process group, each
     process trains on its share of every global batch and the gradients are summed across processes once a
@@ -246,42 +191,22 @@ class Trainer:
         scale_schedule_ratio: float = 1.0,
         algorithms: Sequence[Algorithm] = (),
         seed: int = 0,
-        precision: Precision = "fp32",
-        compile: bool | str = False,
-        callbacks: Sequence[Callback] = (),
-        loggers: Sequence[Logger] = (),
-        save_folder: str | Path | None = None,
-        save_interval: str | int | Time | None = None,
-        save_num_checkpoints_to_keep: int = -1,
-        save_weights_only: bool = False,
-        save_metadata: Mapping[str, Any] | None = None,
-        load_path: str | Path | None = None,
-        load_weights_only: bool = False,
-        load_strict_model_weights: bool = True,
-        load_ignore_keys: Sequence[str] = (),
-        autoresume: bool = False,
-        device: str | torch.device | None = None,
-        loss_fn: LossFn | None = None,
-        per_sample_loss_fn: LossFn | None = None,
-        input_key: int | str | None = None,
-        target_key: int | str | None = None,
         eval_interval: str | int | Time | None = None,
-        log_interval: str | int | Time = "50ba",
-        progress_bar: bool = True,
         passes: Sequence[Pass] = DEFAULT_PASSES,
-        grad_mode: GradMode | None = None,
-        device_train_microbatch_size: int | str | None = None,
-        dist_timeout: float = 300.0,
-        profiler: Profiler | None = None,
+        execution: Execution | None = None,
+        layout: BatchLayout | None = None,
+        checkpointing: Checkpointing | None = None,
+        resume: Resume | None = None,
+        reporting: Reporting | None = None,
+        **composer_arguments: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model of type {type(model).__name__}: expected a torch.nn.Module")
-        if not isinstance(precision, str) or precision not in PRECISIONS:
-            meant = [p for p in PRECISIONS if isinstance(precision, str) and precision and p.startswith(precision.lower())]
-            raise ValueError(
-                f"precision={precision!r} must be one of {', '.join(PRECISIONS)}"
-                + (f" (did you mean {meant[0]!r}?)" if len(meant) == 1 else "")
-            )
+        records = {"execution": execution, "layout": layout, "checkpointing": checkpointing, "resume": resume}
+        self.options = options = options_from({**records, "reporting": reporting}, composer_arguments)
+        """The run's option records, flat arguments included (``Execution``, ``BatchLayout``, ...)."""
+        execution, layout, saving, resuming = options.execution, options.layout, options.checkpointing, options.resume
+        precision = execution.precision
         if not hasattr(train_dataloader, "__len__"):
             raise TypeError("train_dataloader must have a length (batches per epoch) to schedule epochs")
         evaluators = _evaluators(eval_dataloader)
@@ -306,7 +231,7 @@ class Trainer:
         if not any(True for _ in model.parameters()):
             raise ValueError(f"model={type(model).__name__} has no parameters to train")
         self.algorithms = _algorithms(algorithms)
-        target_device = _device(device if device is not None else distributed.local_device(None))
+        target_device = _device(execution.device if execution.device is not None else distributed.local_device(None))
         native = {"bf16-mixed": "_is_mkldnn_bf16_supported", "fp16-mixed": "_is_mkldnn_fp16_supported"}.get(precision)
         if native is not None and target_device.type == "cpu" and not getattr(torch.ops.mkldnn, native)():
             warnings.warn(
@@ -314,28 +239,18 @@ class Trainer:
                 "times slower than 'fp32' (autocast emulates it); use precision='fp32' on this machine",
                 stacklevel=2,
             )
-        self.world = distributed.setup(target_device, dist_timeout)
+        self.world = distributed.setup(target_device, execution.dist_timeout)
         distributed.check_loader(train_dataloader, "train_dataloader", self.world)
         for argument, loader in loaders[1:]:
             distributed.check_loader(loader, argument, self.world, evaluation=True)
-        self._auto_microbatch = device_train_microbatch_size == "auto"
-        self.device_train_microbatch_size = (
-            None
-            if device_train_microbatch_size is None or self._auto_microbatch
-            else validate.integer(
-                "device_train_microbatch_size", device_train_microbatch_size, minimum=1, hint="or 'auto' or None"
-            )
-        )
-        self._checkpoints = CheckpointOptions.of(
-            save_folder,
-            save_num_checkpoints_to_keep,
-            save_weights_only,
-            load_weights_only,
-            load_strict_model_weights,
-            load_ignore_keys,
-            autoresume,
-            load_path=load_path,
-        )
+        self._auto_microbatch = execution.microbatch_size == "auto"
+        given_size = execution.microbatch_size
+        self.device_train_microbatch_size: int | None = given_size if isinstance(given_size, int) else None
+        self._checkpoints, self._resume_options = saving, resuming
+        save_folder = Path(saving.folder) if saving.folder is not None else None
+        given_path = resuming.path
+        load_path: str | Path | None = given_path if given_path is None or isinstance(given_path, str) else Path(given_path)
+        autoresume = resuming.autoresume
         given_load_path = load_path
         if autoresume:
             # Rank 0 decides, so that every rank resumes from the same checkpoint.
@@ -363,7 +278,7 @@ class Trainer:
                 f"train_dataloader has length {self.steps_per_epoch}: it yields no batch (drop_last=True with a "
                 "batch_size larger than the dataset does); expected at least one batch an epoch"
             )
-        self.max_duration = duration = _epochs_or_batches(max_duration, "max_duration", "10ep")
+        self.max_duration = duration = epochs_or_batches(max_duration, "max_duration", "10ep")
         self.scale_schedule_ratio = validate.real(
             "scale_schedule_ratio", scale_schedule_ratio, minimum=0.0, open_below=True
         )
@@ -376,11 +291,9 @@ class Trainer:
                 f"max_duration={max_duration!r} scaled by scale_schedule_ratio={scale_schedule_ratio!r} leaves "
                 f"{self.max_steps} steps (steps_per_epoch={self.steps_per_epoch}); expected at least one"
             )
-        self.input_key = None if input_key is None else validate.batch_key("input_key", input_key)
-        self.target_key = None if target_key is None else validate.batch_key("target_key", target_key)
+        self.input_key, self.target_key = layout.input_key, layout.target_key
         self._causal = is_causal_lm(model)
-        check_loss_signature("loss_fn", loss_fn)
-        check_loss_signature("per_sample_loss_fn", per_sample_loss_fn)
+        loss_fn, per_sample_loss_fn = layout.loss_fn, layout.per_sample_loss_fn
         self._default_loss = loss_fn is None
         self.loss_fn = _scalar_loss(loss_fn) if loss_fn is not None else default_loss(self.target_key)
         if per_sample_loss_fn is None and loss_fn is None:
@@ -394,17 +307,10 @@ class Trainer:
             else None
         )
         self._units_scale: float | None = None
-        self.compile = "inductor" if compile is True else (compile or None)
-        if self.compile is not None:
-            _check_backend(self.compile)
-        self.grad_mode: GradMode = grad_mode or ("func" if self.compile else "autograd")
-        validate.choice("grad_mode", str(self.grad_mode), GRAD_MODES)
-        if save_folder is not None and not (isinstance(save_folder, str | os.PathLike) and str(save_folder)):
-            raise ValueError(f"save_folder={save_folder!r}: expected a folder path (or None to save nothing)")
-        self.save_folder = Path(save_folder) if save_folder is not None else None
-        if save_metadata is not None and not isinstance(save_metadata, Mapping):
-            raise TypeError(f"save_metadata={save_metadata!r}: expected a mapping of plain values, e.g. {{'model': 'resnet18'}}")
-        self.save_metadata = plain_metadata(dict(save_metadata or {}))
+        self.compile: str | None = execution.compile  # type: ignore[assignment]
+        self.grad_mode: GradMode = execution.step_grad_mode
+        self.save_folder = save_folder
+        self.save_metadata = dict(saving.metadata or {})
         if self.save_folder is not None and self.save_folder.exists() and not self.save_folder.is_dir():
             raise ValueError(f"save_folder={str(save_folder)!r} is a file; expected a folder (created if missing)")
         if self.save_folder is not None:
@@ -417,25 +323,24 @@ class Trainer:
                 ) from None
             if self.world.main:
                 remove_stale_temporaries(self.save_folder)
-        for argument, interval, needed, present in (
-            ("save_interval", save_interval, "save_folder", save_folder is not None),
-            ("eval_interval", eval_interval, "eval_dataloader", bool(evaluators)),
-        ):
-            if interval is not None and not present:
-                shown = repr(str(interval)) if isinstance(interval, Time) else repr(interval)
-                raise ValueError(f"{argument}={shown} needs {needed}, which was not given: pass {needed} or drop {argument}")
-        self.save_interval = _interval("1ep" if save_interval is None else save_interval, "save_interval") if save_folder is not None else None
-        self.eval_interval = _interval("1ep" if eval_interval is None else eval_interval, "eval_interval") if evaluators else None
+        if eval_interval is not None and not evaluators:
+            shown = repr(str(eval_interval)) if isinstance(eval_interval, Time) else repr(eval_interval)
+            raise ValueError(
+                f"eval_interval={shown} needs eval_dataloader, which was not given: pass eval_dataloader or drop eval_interval"
+            )
+        self.save_interval: Time | None = saving.interval  # type: ignore[assignment]
+        self.eval_interval = (
+            epochs_or_batches("1ep" if eval_interval is None else eval_interval, "eval_interval", "1ep") if evaluators else None
+        )
         self._every = {e.label: _every(e, self.eval_interval) for e in evaluators}
-        self.log_interval = _interval(log_interval, "log_interval")
-        self.progress_bar = validate.flag("progress_bar", progress_bar) and self.world.main
-        if profiler is not None and not isinstance(profiler, Profiler):
-            raise TypeError(f"profiler of type {type(profiler).__name__}: expected a composer_fn.profiler.Profiler")
-        self.profiler = profiler
+        reporting_options = options.reporting
+        self.log_interval: Time = reporting_options.log_interval  # type: ignore[assignment]
+        self.progress_bar = reporting_options.progress_bar and self.world.main
+        self.profiler = reporting_options.profiler
         self._profile: ProfileSession | None = None
         self.profile_traces: list[Path] = []
-        self.callbacks = _instances("callbacks", callbacks, Callback)
-        self.loggers = _instances("loggers", loggers, Logger)
+        self.callbacks: tuple[Callback, ...] = tuple(reporting_options.callbacks)
+        self.loggers: tuple[Logger, ...] = tuple(reporting_options.loggers)
         self._handlers = bind_callbacks(self.callbacks)
         self._log_handlers = logging_callbacks(self.callbacks)
         self._step_norms = any(c.step_norms for c in self.callbacks)
@@ -447,6 +352,7 @@ class Trainer:
         self._input_ranges = tuple(
             (a.name, r) for a in self.algorithms if (r := a.capabilities().input_range) is not None
         )
+        self._checks_at = {a.name: a.checks_at for a in self.algorithms}
         self._freezing = any(a.capabilities().freezes is not None for a in self.algorithms)
         self._stoppers = tuple((a.name, rule) for a in self.algorithms if (rule := a.capabilities().stops) is not None)
         self._measured: list[str] = []
@@ -1020,7 +926,13 @@ class Trainer:
             self._last_step = (plan, self.static, frozen, step)
             if self.loggers and plan.order != self._logged_order:
                 self._logged_order = plan.order
-                acting = {name for event, names in plan.order if event in _BATCH_EVENTS for name in names}
+                acting = {
+                    name
+                    for event, names in plan.order
+                    if event in _BATCH_EVENTS
+                    for name in names
+                    if event not in self._checks_at[name]
+                }
                 self._switches.seen(acting, self.timestamp.batch)
         if self.loggers and (self._switches.pending or self._switches.absent):
             for at, switch, names in self._switches.due(self.timestamp.batch):
@@ -1316,7 +1228,7 @@ class Trainer:
             self.state,
             self.timestamp,
             algorithms_to_json(self.algorithms),
-            weights_only=options.save_weights_only,
+            weights_only=options.weights_only,
             metadata=self.save_metadata,
         )
         latest = self.save_folder / "latest.pt"
@@ -1329,14 +1241,14 @@ class Trainer:
 
     def _load(self, load_path: str | Path) -> None:
         self._host_event(Event.BEFORE_LOAD)
-        options = self._checkpoints
-        if options.load_weights_only and not self._resuming:
+        options = self._resume_options
+        if options.weights_only and not self._resuming:
             self.state = load_weights(
                 load_path,
                 self.state,
                 device=self.static.device,
-                strict=options.load_strict_model_weights,
-                ignore_keys=options.load_ignore_keys,
+                strict=options.strict,
+                ignore_keys=options.ignore_keys,
                 argument=self._load_argument,
             )
             self._host_event(Event.AFTER_LOAD)
@@ -1548,26 +1460,6 @@ def _check_optimizer(optimizer: object) -> None:
         )
 
 
-def _instances(argument: str, given: object, kind: type[_T]) -> tuple[_T, ...]:
-    if isinstance(given, kind) or isinstance(given, str) or not isinstance(given, Iterable):
-        raise TypeError(f"{argument}={given!r}: expected a list of {kind.__name__} instances")
-    items = tuple(given)
-    for index, item in enumerate(items):
-        if isinstance(item, type) and issubclass(item, kind):
-            raise TypeError(f"{argument}[{index}] is the class {item.__name__}; pass an instance: {item.__name__}(...)")
-        if not isinstance(item, kind):
-            raise TypeError(f"{argument}[{index}]={item!r}: expected a {kind.__name__} instance")
-    return items
-
-
-def _check_backend(backend: str) -> None:
-    from torch._dynamo import list_backends
-
-    known = list_backends(exclude_tags=())
-    if not isinstance(backend, str) or backend not in known:
-        raise ValueError(f"compile={backend!r} is not a torch.compile backend; expected True, False or one of {known}")
-
-
 def _device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -1600,7 +1492,7 @@ def _every(evaluator: Evaluator, interval: Time | None) -> int:
     # How many of the trainer's evaluations one of this evaluator's spans.
     if evaluator.eval_interval is None or interval is None:
         return 1
-    own = _epochs_or_batches(evaluator.eval_interval, f"Evaluator({evaluator.label!r}).eval_interval", "2ep")
+    own = epochs_or_batches(evaluator.eval_interval, f"Evaluator({evaluator.label!r}).eval_interval", "2ep")
     if own.unit is not interval.unit or own.value % interval.value:
         raise ValueError(
             f"Evaluator({evaluator.label!r}).eval_interval={evaluator.eval_interval!r}: expected a multiple of the "
