@@ -21,7 +21,7 @@ from composer_fn.data import TensorLoader
 from composer_fn.loggers import JSONLLogger
 from composer_fn.models import MLP
 from composer_fn.report import DPI, HEIGHT, WIDTH, read_run, write_report
-from composer_fn.trainer.trainer import _Switches
+from composer_fn.trainer.reporting import Switches
 
 DATA = (R.normal(R.key(0), (64, 6)), R.randint(R.key(1), 0, 3, (64,)))
 HELD_OUT = (R.normal(R.key(2), (32, 6)), R.randint(R.key(3), 0, 3, (32,)))
@@ -87,14 +87,14 @@ def _expected(steps: list[set[str]], gap: int) -> list[tuple[int, str, list[str]
 
 @given(st.lists(st.sets(st.sampled_from("abc")), min_size=1, max_size=40))
 def test_switches_fold_gaps_shorter_than_the_gap_and_mark_the_rest(steps: list[set[str]]) -> None:
-    switches = _Switches()
+    switches = Switches()
     logged = []
     for step, acting in enumerate(steps):
         if step == 0 or acting != steps[step - 1]:
             switches.seen(set(acting), step)
         logged.extend(switches.due(step))
-    logged.extend(switches.due(len(steps) - 1 + _Switches.GAP))  # the end of the run
-    assert sorted(logged) == _expected(steps, _Switches.GAP)
+    logged.extend(switches.due(len(steps) - 1 + Switches.GAP))  # the end of the run
+    assert sorted(logged) == _expected(steps, Switches.GAP)
 
 
 def test_what_is_not_a_run_log_is_refused_naming_it(tmp_path: Path) -> None:

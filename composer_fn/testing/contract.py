@@ -72,12 +72,11 @@ from composer_fn.trainer.outputs import (
     model_inputs,
 )
 from composer_fn.trainer.step import (
-    compile_step,
     cross_entropy_loss,
     cross_entropy_per_sample_loss,
-    make_train_step,
     per_sample_loss,
 )
+from composer_fn.trainer.steps import StepBuilder, StepCache, StepSpec
 
 __all__ = [
     "On",
@@ -230,7 +229,9 @@ def train_steps(
     state, static = setup.state, setup.static
     start = Timestamp().with_max_duration(setup.max_duration)
     ticks = run_schedule(len(setup.batches), int(setup.max_duration.value), start=start)
-    steps: dict[Any, Callable[[State, Any], tuple[State, dict[str, Tensor]]]] = {}
+    steps = StepCache(
+        StepBuilder(setup.loss_fn, _optimizer(), input_key=setup.input_key, per_sample_loss_fn=setup.per_sample_loss_fn)
+    )
     losses: list[Tensor] = []
     names = ", ".join(a.name for a in setup.algorithms)
     batches = iter(setup.batches)
@@ -253,8 +254,9 @@ def train_steps(
             where = f"{what.name} hooks at batch {timestamp.batch}"
         elif what is Action.STEP:
             assert meta is not None
-            step = _train_step(setup, static, plan, frozen_parameters(setup.algorithms, timestamp, static.module),
-                               steps, compile_backend)
+            frozen = frozen_parameters(setup.algorithms, timestamp, static.module)
+            grad_mode = "func" if compile_backend else "autograd"
+            step = steps.train_step(StepSpec(static, plan.step_key, frozen, grad_mode, compile_backend), plan)
             state, metrics = step(state, batch)
             losses.append(metrics["loss"])
             reply = Progress(meta.batch_size, meta.tokens)
@@ -265,32 +267,6 @@ def train_steps(
         if guard is not None:
             _assert_unchanged((before, batch), guard, f"{names}: {where}")
     return state, losses
-
-
-def _train_step(
-    setup: Setup,
-    static: Static,
-    plan: Any,
-    frozen: frozenset[str],
-    steps: dict[Any, Callable[[State, Any], tuple[State, dict[str, Tensor]]]],
-    compile_backend: str | None,
-) -> Callable[[State, Any], tuple[State, dict[str, Tensor]]]:
-    step = steps.get((plan.step_key, frozen))
-    if step is None:
-        step = make_train_step(
-            static,
-            plan,
-            setup.loss_fn,
-            _optimizer(),
-            grad_mode="func" if compile_backend else "autograd",
-            per_sample_loss_fn=setup.per_sample_loss_fn,
-            frozen=frozen,
-            input_key=setup.input_key,
-        )
-        if compile_backend:
-            step = compile_step(step, compile_backend)
-        steps[(plan.step_key, frozen)] = step
-    return step
 
 
 def _snapshot(tree: Any) -> list[tuple[int, Tensor, int]]:

@@ -20,6 +20,7 @@ import os
 import pickle
 import re
 import tempfile
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,9 @@ __all__ = [
     "remove_stale_temporaries",
     "checkpoint_name",
     "autoresume_path",
+    "prepare_folder",
+    "save_to_folder",
+    "resume_run",
     "checkpoint_algorithms",
     "with_recorded_surgeries",
     "Checkpoint",
@@ -405,3 +409,89 @@ def autoresume_path(save_folder: str | Path | None, load_path: str | Path | None
         remove_stale_temporaries(folder)
     newest = newest_checkpoint(folder)
     return newest if newest is not None else load_path
+
+
+def prepare_folder(folder: Path, argument: str, main: bool) -> None:
+    """Makes ``folder`` ready for checkpoints: created when missing, and, on the main process (``main``), rid of the
+    temporary files an interrupted write left; a file there, or a folder that cannot be created, is refused naming
+    ``argument``."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{argument}={str(folder)!r} is a file; expected a folder (created if missing)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(
+            f"{argument}={str(folder)!r} cannot be created ({error.strerror or error}); expected a folder that can be "
+            "written"
+        ) from None
+    if main:
+        remove_stale_temporaries(folder)
+
+
+def save_to_folder(
+    folder: Path,
+    state: State,
+    timestamp: Timestamp,
+    algorithms: str,
+    *,
+    weights_only: bool = False,
+    metadata: dict[str, Any] | None = None,
+    keep: int = -1,
+) -> Path:
+    """Returns the checkpoint written into ``folder`` (``checkpoint_name(timestamp)``, atomically), after pointing
+    ``latest.pt`` at it (a symbolic link replaced atomically) and keeping the newest ``keep`` checkpoints (-1: all).
+    ``algorithms``, ``weights_only`` and ``metadata`` are ``save_checkpoint``'s."""
+    path = save_checkpoint(
+        folder / checkpoint_name(timestamp), state, timestamp, algorithms, weights_only=weights_only, metadata=metadata
+    )
+    latest = folder / "latest.pt"
+    link = folder / ".latest.pt.tmp"
+    link.unlink(missing_ok=True)
+    link.symlink_to(path.name)
+    link.replace(latest)
+    prune_checkpoints(folder, keep)
+    return path
+
+
+def resume_run(
+    path: str | Path,
+    state: State,
+    timestamp: Timestamp,
+    *,
+    device: torch.device,
+    algorithms: str,
+    weights_only: bool = False,
+    strict: bool = True,
+    ignore_keys: Sequence[str] = (),
+    argument: str = "load_path",
+    max_duration: str = "",
+    max_steps: int | None = None,
+) -> tuple[State, Timestamp]:
+    """Returns the state and timestamp a run starts from at ``path``: the whole run, or with ``weights_only`` its
+    parameters and buffers in ``state`` at ``timestamp`` (``load_weights`` with ``strict`` and ``ignore_keys``).
+
+    ``state`` is the run's template (its structure and devices), ``algorithms`` its configs (``algorithms_to_json``). A whole run
+    saved with another length (``timestamp.max_duration``; ``max_duration`` says it as the user wrote it) warns
+    that the schedule's length changed; one already at ``max_steps`` warns that nothing will be trained.
+    ``argument`` names where the path came from in errors and warnings.
+    """
+    if weights_only:
+        weights = load_weights(path, state, device=device, strict=strict, ignore_keys=ignore_keys, argument=argument)
+        return weights, timestamp
+    checkpoint = load_checkpoint(path, state, device=device, algorithms=algorithms, argument=argument)
+    length = timestamp.max_duration
+    if checkpoint.max_duration is not None and length is not None and checkpoint.max_duration != str(length):
+        warnings.warn(
+            f"{argument}={str(path)!r} was saved by a run of {checkpoint.max_duration}; this run has "
+            f"max_duration={max_duration} ({length}): the schedule's length changed, so schedules and "
+            "warm-ups measured in fractions of the run continue on the new length",
+            stacklevel=4,
+        )
+    resumed = checkpoint.timestamp.with_max_duration(length)
+    if max_steps is not None and resumed.batch >= max_steps:
+        warnings.warn(
+            f"{argument}={str(path)!r} holds a run at batch {resumed.batch}, which max_duration="
+            f"{max_duration} ({max_steps} batches) has already reached: fit() will train nothing",
+            stacklevel=4,
+        )
+    return checkpoint.state, resumed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -12,11 +13,14 @@ from torch import Tensor
 
 from composer_fn.core.event import Event
 from composer_fn.core.state import LossFn, State, batch_input, batch_target
+from composer_fn.core.time import Time, Timestamp, TimeUnit
+from composer_fn.trainer.evaluator import Evaluator
 from composer_fn.trainer.microbatch import Reduce
+from composer_fn.trainer.options import BatchLayout
 from composer_fn.trainer.outputs import causal_shift, logits_of
 from composer_fn.trainer.step import class_last
 
-__all__ = ["evaluate", "measure"]
+__all__ = ["evaluate", "measure", "evaluate_on", "due"]
 
 
 def evaluate(
@@ -125,3 +129,51 @@ def measure(
 def _in_fp32(outputs: Any) -> Any:
     # The outputs (a tensor or a record of them) with their floating-point tensors in fp32.
     return pytree.tree_map(lambda t: t.float() if isinstance(t, Tensor) and t.is_floating_point() else t, outputs)
+
+
+def due(every: int, timestamp: Timestamp, interval: Time | None, max_steps: int) -> bool:
+    """Returns whether an evaluator that runs at every ``every``-th of the run's evaluations (one each ``interval``)
+    runs at ``timestamp``; every evaluator runs at the run's end (``max_steps``)."""
+    if every == 1 or timestamp.batch >= max_steps or interval is None:
+        return True
+    # Epoch evaluations come at an epoch's end, before the timestamp moves to the next one.
+    count = timestamp.batch if interval.unit is TimeUnit.BATCH else timestamp.epoch + 1
+    return (count // int(interval.value)) % every == 0
+
+
+def evaluate_on(
+    evaluator: Evaluator,
+    step: Callable[[State, Any], Any],
+    state: State,
+    to_device: Callable[[Any], Any],
+    *,
+    loss_fn: LossFn,
+    layout: BatchLayout,
+    device: torch.device,
+    on_event: Callable[[Event], None],
+    causal: bool = False,
+    default_loss: bool = True,
+    reduce: Reduce | None = None,
+    gather: Callable[[list[float]], list[float]] | None = None,
+) -> dict[str, float]:
+    """Returns ``evaluator``'s metrics of ``state``, named ``eval/<label>/<metric>``: its own metrics (``measure``),
+    else the exact accuracy and loss (``evaluate``), over its first ``subset_num_batches`` batches moved by
+    ``to_device``."""
+    batches = map(to_device, itertools.islice(evaluator.dataloader, evaluator.subset_num_batches))
+    if evaluator.metrics is not None:
+        return measure(step, state, batches, evaluator, target_key=layout.target_key, on_event=on_event, causal=causal)
+    results = evaluate(
+        step,
+        state,
+        batches,
+        loss_fn=loss_fn,
+        target_key=layout.target_key,
+        input_key=layout.input_key,
+        device=device,
+        on_event=on_event,
+        causal=causal,
+        reduce=reduce,
+        gather=gather,
+        per_position=default_loss,
+    )
+    return {f"eval/{evaluator.label}/{name}": value for name, value in results.items()}

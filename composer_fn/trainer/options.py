@@ -399,6 +399,14 @@ class Options:
     checkpointing: Checkpointing = field(default_factory=Checkpointing)
     resume: Resume = field(default_factory=Resume)
     reporting: Reporting = field(default_factory=Reporting)
+    given_as_records: frozenset[str] = frozenset()
+    """The records the caller passed as records (``'checkpointing'``, ...), not as flat names or defaults."""
+
+    def spelled(self, flat_name: str) -> str:
+        """Returns how errors name the setting of the flat argument ``flat_name``: that name, or ``Record.field``
+        where the caller passed its record."""
+        record, fld = COMPOSER_NAMES[flat_name]
+        return f"{_RECORDS[record].__name__}.{fld}" if record in self.given_as_records else flat_name
 
 
 def options_from(records: Mapping[str, Any], flat: Mapping[str, Any]) -> Options:
@@ -436,7 +444,7 @@ def options_from(records: Mapping[str, Any], flat: Mapping[str, Any]) -> Options
         # The record's whole check runs under the caller's names (defaults never fail it).
         with _spelled({**spelled, **_defaults_spelled(record_name)}):
             built[record_name] = kind(**given)
-    options = Options(**built)
+    options = Options(**built, given_as_records=frozenset(name for name, value in records.items() if value is not None))
     flat_records = {COMPOSER_NAMES[name][0] for name in flat}
     _check_together(options, {name for name, value in records.items() if value is not None}, flat_records)
     return options

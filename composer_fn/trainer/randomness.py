@@ -23,7 +23,7 @@ import torch
 
 from composer_fn.core import random as R
 
-__all__ = ["ModelDraws", "model_seed"]
+__all__ = ["ModelDraws", "model_seed", "cut_draws_warning"]
 
 
 def model_seed(seed: int, step: int, offset: int = 0) -> int:
@@ -77,3 +77,16 @@ class ModelDraws:
             generator.manual_seed(seed)
         if self.drew is None:
             self._seeded = [generator.get_state() for generator in self._generators]
+
+
+def cut_draws_warning(model: str, processes: int) -> str:
+    """Returns the warning of a run whose model (named ``model``) draws random numbers of its own and whose batches
+    are cut into microbatches, on ``processes`` processes: a mask is drawn per tensor, so its draws are those of that
+    cut."""
+    over = f" over {processes} processes" if processes > 1 else ""
+    return (
+        f"{model} draws random numbers of its own in training (dropout), and this run cuts its batches into "
+        f"microbatches{over}: a mask is drawn per tensor, so its draws are those of runs with the same microbatch "
+        "size (on any number of processes), not those of a run that cuts its batches otherwise; everything else is "
+        "the same, and the run is reproducible from its seed"
+    )

@@ -72,7 +72,7 @@ def test_numpy_numbers_are_accepted_for_every_number_of_the_trainer_and_held_as_
         algorithms=[EarlyStopper(patience=np.int64(2), min_delta=np.float32(0.1), dataloader_label="held")],
     )
     assert type(trainer.evaluators[0].subset_num_batches) is int
-    assert type(trainer._checkpoints.keep) is int
+    assert type(trainer.options.checkpointing.keep) is int
     assert trainer.fit()["loss"] > 0
 
 

@@ -1,0 +1,150 @@
+"""Which step a run trains with: ``StepSpec`` names everything that shapes a training step, and ``StepCache``
+builds each distinct one once.
+
+The trainer, the contract suite (``composer_fn.testing.contract``) and ``dry_run`` all decide "which step" by a
+``StepSpec``; a cache belongs to one run, whose loss, optimizer and batch layout (``StepBuilder``) are fixed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from composer_fn.core.engine import Plan
+from composer_fn.core.state import LossFn, State, Static
+from composer_fn.optim.base import GradientTransformation
+from composer_fn.trainer import distributed
+from composer_fn.trainer.step import GradMode, StepFn, compile_step, make_eval_step, make_train_step
+
+__all__ = ["StepSpec", "StepBuilder", "StepCache"]
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """Everything that shapes a training step besides the run's loss, optimizer and batch layout: two steps of
+    one run with equal specs are the same function.
+
+    ``static`` is the model's structure and the run's precision and device (None where only the plan is known,
+    as in ``dry_run``); ``step_key`` the plan's traced events and plan keys (``Plan.step_key``); ``frozen`` the
+    parameters that get neither gradient nor update (layer freezing); ``microbatch_size`` the size of the pieces
+    the step cuts its batch into (None: it does not cut it); ``first_sample`` this process's first sample's
+    place in the global batch; ``processes`` how many processes sum their gradients; ``units_scale`` the weight
+    unit of the default loss's labelled positions; ``donate`` whether an eager step may update the state's
+    tensors in place; ``guard_failures`` whether a step that runs out of memory on one process tells the others;
+    ``norms`` whether it reports the gradients' norms; ``reseed`` whether the model's own draws are reseeded per
+    microbatch (eager; a compiled graph draws its seeds once); ``compile`` the ``torch.compile`` backend or None.
+
+    Where the run computes its gradients by ``torch.func`` (``grad_mode='func'``), the parameters its loss never
+    reaches are found when the step is built, on the batch at hand, and leave the spec as it is.
+    """
+
+    static: Static | None
+    step_key: Hashable
+    frozen: frozenset[str] = frozenset()
+    grad_mode: GradMode = "autograd"
+    compile: str | None = None
+    microbatch_size: int | None = None
+    first_sample: int = 0
+    processes: int = 1
+    units_scale: float = 1.0
+    donate: bool = False
+    guard_failures: bool = False
+    norms: bool = False
+    reseed: bool = False
+
+
+@dataclass(frozen=True)
+class StepBuilder:
+    """What a run's steps share: its loss functions, optimizer and batch layout, the model's random draws
+    (``reseed``: ``ModelDraws.reseed``), the default loss's weights (``loss_units``), and, for a ``func``-mode
+    step, how to find the parameters the loss does not reach (``unused``: a function of the spec and the plan)."""
+
+    loss_fn: LossFn
+    tx: GradientTransformation
+    input_key: int | str | None = None
+    per_sample_loss_fn: LossFn | None = None
+    loss_units: Callable[[Any], Tensor] | None = None
+    reseed: Callable[[int], None] | None = None
+    unused: Callable[[StepSpec, Plan], frozenset[str]] | None = None
+
+    def train_step(self, spec: StepSpec, plan: Plan, backend: Callable[..., Any] | None = None) -> StepFn:
+        """Returns the training step ``spec`` names, for ``plan`` (whose ``step_key`` is the spec's), compiled with
+        ``backend`` when the spec has a ``compile`` backend."""
+        assert spec.static is not None
+        unused = self.unused(spec, plan) if self.unused is not None and spec.grad_mode == "func" else frozenset()
+        summed = spec.processes > 1
+        step = make_train_step(
+            spec.static,
+            plan,
+            self.loss_fn,
+            self.tx,
+            input_key=self.input_key,
+            grad_mode=spec.grad_mode,
+            per_sample_loss_fn=self.per_sample_loss_fn,
+            donate=spec.donate,
+            frozen=spec.frozen | unused,
+            microbatch_size=spec.microbatch_size,
+            first_sample=spec.first_sample,
+            reduce=distributed.all_reduce_sum if summed else None,
+            overlap=distributed.Summation if summed else None,
+            guard_failures=spec.guard_failures,
+            norms=spec.norms,
+            loss_units=self.loss_units,
+            units_scale=spec.units_scale,
+            reseed=self.reseed if spec.reseed else None,
+        )
+        if spec.compile is not None:
+            step = compile_step(step, backend if backend is not None else spec.compile)
+        return step
+
+
+class StepCache:
+    """Builds each distinct step of a run once, by its spec: training steps with ``builder``, evaluation steps by
+    the static part, the plan's key and whether they predict. Compiled steps count the graphs they compile
+    (``compiles``)."""
+
+    def __init__(self, builder: StepBuilder) -> None:
+        self.builder = builder
+        self.compiles = 0
+        """How many graphs the compiled steps compiled so far (a recompile counts)."""
+        self._train: dict[StepSpec, StepFn] = {}
+        self._eval: dict[tuple[Static, Hashable, bool, str | None], Callable[[State, Any], Any]] = {}
+
+    def train_step(self, spec: StepSpec, plan: Plan) -> StepFn:
+        """Returns the training step of ``spec`` for ``plan``, built on the first call."""
+        step = self._train.get(spec)
+        if step is None:
+            backend = self._counting(spec.compile) if spec.compile is not None else None
+            step = self._train[spec] = self.builder.train_step(spec, plan, backend)
+        return step
+
+    def forget(self, spec: StepSpec) -> None:
+        """Drops the step of ``spec`` (one that ran out of memory is rebuilt with a smaller microbatch)."""
+        self._train.pop(spec, None)
+
+    def eval_step(
+        self, static: Static, plan: Plan, predict: bool = False, compile: str | None = None
+    ) -> Callable[[State, Any], Any]:
+        """Returns the evaluation step (``make_eval_step``) of ``static`` and ``plan``, built on the first call."""
+        key = (static, plan.step_key, predict, compile)
+        step = self._eval.get(key)
+        if step is None:
+            step = make_eval_step(static, plan, input_key=self.builder.input_key, predict=predict)
+            if compile is not None:
+                step = compile_step(step, self._counting(compile))
+            self._eval[key] = step
+        return step
+
+    def _counting(self, name: str) -> Callable[..., Any]:
+        from torch._dynamo import lookup_backend
+
+        inner = lookup_backend(name)
+
+        def backend(graph: Any, example_inputs: Any) -> Any:
+            self.compiles += 1
+            return inner(graph, example_inputs)
+
+        return backend
