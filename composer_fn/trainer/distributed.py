@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from torch import Tensor
 from composer_fn.core import validate
 
 __all__ = [
+    "attempt_step",
     "Summation",
     "World",
     "all_reduce_sum",
@@ -281,3 +283,27 @@ def is_out_of_memory(error: BaseException) -> bool:
     if isinstance(error, torch.OutOfMemoryError):
         return True
     return isinstance(error, RuntimeError) and any(text in str(error) for text in _OUT_OF_MEMORY)
+
+
+def attempt_step(
+    run: Callable[[], tuple[Any, dict[str, Tensor]]],
+    world: World,
+    step: int,
+    on_out_of_memory: Callable[[], None],
+) -> tuple[Any, dict[str, Tensor]] | None:
+    """Returns ``run()``'s state and outputs, or None where the step ran out of device memory on any process: every
+    process agrees, as a process that failed calls ``on_out_of_memory`` to join the others' sum with a failure mark
+    and all then read an infinite sample count. Any other error is raised (a failed collective explained)."""
+    try:
+        state, outputs = run()
+    except Exception as error:  # noqa: BLE001 -- only out-of-memory errors are caught; others re-raise
+        if not is_out_of_memory(error):
+            if isinstance(error, RuntimeError):
+                raise explained(error, world, step) from error
+            raise
+        if world.size > 1:
+            on_out_of_memory()
+        return None
+    if world.size > 1 and not math.isfinite(float(outputs["samples"])):
+        return None
+    return state, outputs

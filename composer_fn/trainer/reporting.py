@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm
 
-from composer_fn.core.algorithm import Algorithm
 from composer_fn.core.engine import Plan
 from composer_fn.core.event import TRAIN_STEP_EVENTS, Event
-from composer_fn.core.passes import Pass
+from composer_fn.core.state import Static
 from composer_fn.core.time import Time, TimeUnit
 from composer_fn.loggers.base import Logger
+from composer_fn.trainer.build import Run
 
 __all__ = ["Reporter", "Switches", "SCHEDULE_STEPS", "hparams_record", "schedule_table"]
 
@@ -138,6 +138,19 @@ class Reporter:
         if self._bar is not None:
             self._bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{samples_per_second:,.0f}", refresh=False)
 
+    def train_record(self, step: int, epoch: int, loss: float, lr_multiplier: float) -> dict[str, Any]:
+        """Returns the ``train`` record at ``step``: the loss, the learning-rate multiplier, the throughput since the
+        last one (``throughput``) and the wall time."""
+        return {
+            "kind": "train",
+            "step": step,
+            "epoch": epoch,
+            "loss": loss,
+            "lr_multiplier": lr_multiplier,
+            "samples_per_second": self.throughput(),
+            "wall_time": self.wall_time(),
+        }
+
     def wall_time(self) -> float:
         """Returns the seconds since the current ``fit`` started."""
         return time.perf_counter() - self.started
@@ -171,35 +184,26 @@ class Reporter:
             self.log({"kind": "plan", "step": at, switch: names})
 
 
-def hparams_record(
-    max_duration: Time,
-    scale_schedule_ratio: float,
-    algorithms: Iterable[Algorithm],
-    precision: str,
-    seed: int,
-    compile: str | None,
-) -> dict[str, Any]:
-    """Returns the ``hparams`` record: the run's settings as plain values, for loggers."""
+def hparams_record(run: Run, static: Static) -> dict[str, Any]:
+    """Returns the ``hparams`` record of ``run`` with the static part ``static``: its settings as plain values."""
     return {
         "kind": "hparams",
-        "max_duration": str(max_duration),
-        "scale_schedule_ratio": scale_schedule_ratio,
-        "algorithms": [a.to_config() for a in algorithms],
-        "precision": precision,
-        "seed": seed,
-        "compile": compile,
+        "max_duration": str(run.max_duration),
+        "scale_schedule_ratio": run.scale_schedule_ratio,
+        "algorithms": [a.to_config() for a in run.algorithms],
+        "precision": static.precision,
+        "seed": static.seed,
+        "compile": run.options.execution.compile,
     }
 
 
-def schedule_table(
-    algorithms: Sequence[Algorithm], max_steps: int, steps_per_epoch: int, passes: Sequence[Pass]
-) -> str:
-    """Returns the plan of the run's start as ``composer-fn plan`` prints it: after ``SCHEDULE_STEPS``, ``plan``
+def schedule_table(run: Run) -> str:
+    """Returns the plan of ``run``'s start as ``composer-fn plan`` prints it: after ``SCHEDULE_STEPS``, ``plan``
     records say as the run goes where algorithms switch on and off."""
     from composer_fn.dry_run import dry_run
 
-    steps = min(max_steps, SCHEDULE_STEPS)
-    table = dry_run(algorithms, Time(steps, TimeUnit.BATCH), steps_per_epoch, passes=passes).format()
-    if steps < max_steps:
-        table += f"\n(the first {steps} of {max_steps} steps)"
+    steps = min(run.max_steps, SCHEDULE_STEPS)
+    table = dry_run(run.algorithms, Time(steps, TimeUnit.BATCH), run.steps_per_epoch, passes=run.passes).format()
+    if steps < run.max_steps:
+        table += f"\n(the first {steps} of {run.max_steps} steps)"
     return table

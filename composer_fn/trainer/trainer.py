@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 from torch import Tensor, nn
 
 from composer_fn.callbacks.base import Callback, RunView, bind_callbacks, logging_callbacks
@@ -64,7 +63,6 @@ from composer_fn.trainer.checkpoint import (
     save_to_folder,
 )
 from composer_fn.trainer.checks import (
-    check_predict_input,
     logged_metrics,
 )
 from composer_fn.trainer.evaluation import due, evaluate_on
@@ -77,7 +75,6 @@ from composer_fn.trainer.first_batch import (
     check_keywords,
     check_targets,
     item,
-    outputs_of,
 )
 from composer_fn.trainer.loaders import epoch_batches, global_meta
 from composer_fn.trainer.microbatch import failed_contribution, norm_statistics, split_batch
@@ -93,6 +90,7 @@ from composer_fn.trainer.options import (
 from composer_fn.trainer.outputs import (
     positions_per_sample,
 )
+from composer_fn.trainer.prediction import check_predict_loader, predictions
 from composer_fn.trainer.randomness import ModelDraws, cut_draws_warning
 from composer_fn.trainer.reporting import Reporter, hparams_record, schedule_table
 from composer_fn.trainer.step import (
@@ -410,19 +408,9 @@ class Trainer:
         self._check_evaluators()
         for logger in self.loggers:
             logger.fit_start(self.timestamp.batch)  # 0: a fresh run; a resumed one starts at its checkpoint's batch
-        self._log(
-            hparams_record(
-                self.max_duration,
-                self.scale_schedule_ratio,
-                self.algorithms,
-                self.static.precision,
-                self.static.seed,
-                self.compile,
-            )
-        )
+        self._log(hparams_record(self.run, self.static))
         if self.loggers and self.algorithms:
-            table = schedule_table(self.algorithms, self.max_steps, self.steps_per_epoch, self.passes)
-            self._log({"kind": "schedule", "table": table})
+            self._log({"kind": "schedule", "table": schedule_table(self.run)})
         actions: dict[Event | Action, Callable[[], Progress | Action | None]] = {
             Event.BEFORE_DATALOADER: self._next_batch,
             Event.BATCH_START: lambda: self._host_event(Event.BATCH_START, self._meta),
@@ -551,9 +539,7 @@ class Trainer:
                     self.state, outputs = step(self.state, self._batch)
             except RuntimeError as error:
                 raise distributed.explained(error, self.world, self.timestamp.batch) from error
-            self._loss = outputs["loss"]
-            if self._step_norms:
-                self._norms = {name: value for name, value in outputs.items() if name.startswith("l2_norm/")}
+            self._took(outputs)
         self._batch = None
         if self._draws.drew and not self._draws_told:
             self._draws_told = True
@@ -586,48 +572,43 @@ class Trainer:
     def _fitting_step(self, step: StepFn, plan: Plan, frozen: frozenset[str]) -> StepFn:
         # device_train_microbatch_size='auto': a step that runs out of memory on any process is retried by every
         # process from the state before it, with half the microbatch.
-        while True:
-            failed, state, outputs = False, self.state, None
-            try:
-                with self._draws.around(self.timestamp.batch, self._first_sample()):
-                    state, outputs = step(self.state, self._batch)
-            except Exception as error:  # noqa: BLE001 -- only out-of-memory errors are caught; others re-raise
-                if not distributed.is_out_of_memory(error):
-                    if isinstance(error, RuntimeError):
-                        raise distributed.explained(error, self.world, self.timestamp.batch) from error
-                    raise
-                failed = True
-                if self.world.size > 1:
-                    statistics = norm_statistics(self.static.module)
-                    failed_contribution(self.state, frozen, statistics, distributed.all_reduce_sum)
-            if outputs is not None and self.world.size > 1:
-                failed = not math.isfinite(float(outputs["samples"]))
-            if not failed and outputs is not None:
-                self.state, self._loss = state, outputs["loss"]
-                if self._step_norms:
-                    self._norms = {name: value for name, value in outputs.items() if name.startswith("l2_norm/")}
-                return step
+        def joined() -> None:
+            statistics = norm_statistics(self.static.module)
+            failed_contribution(self.state, frozen, statistics, distributed.all_reduce_sum)
+
+        while (result := distributed.attempt_step(self._run_step(step), self.world, self.timestamp.batch, joined)) is None:
             current = self.device_train_microbatch_size or self._rank_batch or 1
             if current <= 1:
                 raise RuntimeError(
                     f"out of device memory at step {self.timestamp.batch} with device_train_microbatch_size=1 (on "
                     "some process): the model does not fit one sample at a time; use a smaller model or precision"
                 )
-            del state, outputs
             gc.collect()
             if self.static.device.type == "cuda":
                 torch.cuda.empty_cache()
             self.device_train_microbatch_size = math.ceil(current / 2)
             self.metrics["device_train_microbatch_size"] = self.device_train_microbatch_size
-            self._log(
-                {
-                    "kind": "microbatch",
-                    "step": self.timestamp.batch,
-                    "device_train_microbatch_size": self.device_train_microbatch_size,
-                }
-            )
+            record = {"kind": "microbatch", "step": self.timestamp.batch}
+            self._log({**record, "device_train_microbatch_size": self.device_train_microbatch_size})
             step = self._train_step(plan, frozen)
             self._last_step = (plan, self.static, frozen, step)
+        self.state, outputs = result
+        self._took(outputs)
+        return step
+
+    def _run_step(self, step: StepFn) -> Callable[[], tuple[State, dict[str, Tensor]]]:
+        # The step on this process's batch, with the model's own draws seeded for it.
+        def run() -> tuple[State, dict[str, Tensor]]:
+            with self._draws.around(self.timestamp.batch, self._first_sample()):
+                return step(self.state, self._batch)
+
+        return run
+
+    def _took(self, outputs: dict[str, Tensor]) -> None:
+        # What the loop keeps of a step's outputs: the loss, and the gradients' norms for the callbacks that read them.
+        self._loss = outputs["loss"]
+        if self._step_norms:
+            self._norms = {name: value for name, value in outputs.items() if name.startswith("l2_norm/")}
 
     def _end_epoch(self) -> None:
         if self._batches is not None and next(self._batches, None) is not None:
@@ -640,21 +621,11 @@ class Trainer:
 
     def _log_train(self) -> Action | None:
         step = self.timestamp.batch
-        samples_per_second = self._reporter.throughput()
+        loss = float(self._loss) if self._loss is not None else float("nan")
         learning_rate = float(self.lr_multiplier(max(step - 1, 0)))
-        value = float(self._loss) if self._loss is not None else float("nan")
-        self.metrics.update(loss=value, samples_per_second=samples_per_second, lr_multiplier=learning_rate)
-        record = {
-            "kind": "train",
-            "step": step,
-            "epoch": self.timestamp.epoch,
-            "loss": value,
-            "lr_multiplier": learning_rate,
-            "samples_per_second": samples_per_second,
-            "wall_time": self._reporter.wall_time(),
-        }
-        if self._norms:
-            self.metrics.update({name: float(value) for name, value in self._norms.items()})
+        record = self._reporter.train_record(step, self.timestamp.epoch, loss, learning_rate)
+        self.metrics.update({name: record[name] for name in ("loss", "samples_per_second", "lr_multiplier")})
+        self.metrics.update({name: float(value) for name, value in self._norms.items()})
         if self._log_handlers:
             view = self._view(Event.BATCH_END)
             for handler in self._log_handlers:
@@ -662,7 +633,7 @@ class Trainer:
                 record.update(values)
                 self.metrics.update(values)
         self._log(record)
-        self._reporter.show(value, samples_per_second)
+        self._reporter.show(loss, record["samples_per_second"])
         return self._stop("train")
 
     def _evaluate_in_run(self) -> Action | None:
@@ -750,48 +721,17 @@ class Trainer:
         channels or features than the batches it trained on (after ``fit``); a batch the model fails on is
         refused with what its first layer takes.
         """
-        if isinstance(dataloader, str | bytes) or not isinstance(dataloader, Iterable):
-            raise TypeError(
-                f"dataloader of type {type(dataloader).__name__}: expected an iterable of batches (a loader, a list of "
-                "batches, or a list of input tensors)"
-            )
-        if isinstance(dataloader, Tensor):
-            raise TypeError(
-                f"dataloader is a tensor of shape {tuple(dataloader.shape)}, whose rows would be taken as batches: "
-                "pass a list of batches, e.g. [inputs]"
-            )
+        check_predict_loader(dataloader)
         module = self.static.module
         module.eval()
-        outputs: list[Any] = []
         try:
             self._host_event(Event.PREDICT_START)
             step = self._eval_step(self._plan(self.timestamp), predict=True)
-            for index, batch in enumerate(map(self._to_device, dataloader)):
-                # A batch of inputs alone is the loader's whole batch, not a tuple to index.
-                batch = self._holding(batch) if isinstance(batch, Tensor) else batch
-                if not isinstance(batch, tuple | list | Mapping):
-                    raise TypeError(
-                        f"predict: dataloader's batch {index} is a {type(batch).__name__}: expected a tensor of inputs, "
-                        f"or a tuple, list or mapping holding them at input_key={self.input_key!r}"
-                    )
-                check_predict_input(
-                    batch_input(batch, self.input_key), index, self.input_key, self._trained_input, module
-                )
-                self._host_event(Event.PREDICT_BATCH_START)
-                result = outputs_of(self._setup(), step, self.state, batch, f"predict's dataloader batch {index}")
-                outputs.append(pytree.tree_map(lambda t: t.detach().cpu() if isinstance(t, Tensor) else t, result))
-                self._host_event(Event.PREDICT_BATCH_END)
+            outputs = predictions(self._setup(), step, lambda: self.state, dataloader, self._to_device, self._host_event)
             self._host_event(Event.PREDICT_END)
         finally:
             module.train()
         return outputs
-
-    def _holding(self, inputs: Tensor) -> Any:
-        # A batch holding ``inputs`` alone at input_key.
-        key = self.input_key if self.input_key is not None else 0
-        if isinstance(key, str):
-            return {key: inputs}
-        return (inputs,) if key in (0, -1) else (*([None] * key), inputs) if key > 0 else (inputs, *([None] * (-key - 1)))
 
     def _save(self) -> None:
         assert self.save_folder is not None
