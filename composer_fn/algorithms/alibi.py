@@ -32,8 +32,8 @@ import torch
 from torch import Tensor, nn
 
 from composer_fn.algorithms import _transformers as hf
+from composer_fn.algorithms._sequences import set_batch_sequence_length
 from composer_fn.algorithms._surgery import Surgery, replace_modules, warn_nothing_to_replace
-from composer_fn.algorithms.seq_length_warmup import set_batch_sequence_length
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Hook, register
 from composer_fn.core.event import Event

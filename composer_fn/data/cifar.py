@@ -204,4 +204,5 @@ def load_cifar_task(
                 )
             batches.append((images, column.to(torch.int64)))
         parts += [torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])]
-    return image_task(*parts, classes, standardize=standardize)
+    train_pixels, train_labels, heldout_pixels, heldout_labels = parts
+    return image_task(train_pixels, train_labels, heldout_pixels, heldout_labels, classes, standardize=standardize)

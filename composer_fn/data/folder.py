@@ -398,8 +398,8 @@ class _ToFloat:
         pixels, labels = batch
         images = torch.empty(pixels.shape, dtype=torch.float32, pin_memory=self.pin_memory)
         pixels_to_float(torch.from_numpy(pixels), self.tables, out=images)
-        labels = torch.from_numpy(labels)
-        return images, labels.pin_memory() if self.pin_memory else labels
+        targets = torch.from_numpy(labels)
+        return images, targets.pin_memory() if self.pin_memory else targets
 
 
 def _is_image(path: str) -> bool:
@@ -420,8 +420,10 @@ def _scan(folder: Path) -> Any:
 
 def _samples(dataset: Any) -> list[tuple[str, int]]:
     if isinstance(dataset, Subset):
-        return [dataset.dataset.samples[i] for i in dataset.indices]
-    return dataset.samples
+        whole: Any = dataset.dataset
+        return [whole.samples[i] for i in dataset.indices]
+    samples: list[tuple[str, int]] = dataset.samples
+    return samples
 
 
 def _image_size(image_size: object) -> tuple[int, int] | None:

@@ -287,4 +287,5 @@ def load_idx_task(name: str, root: str | Path | None = None, *, standardize: boo
         if dataset.transposed:
             images = images.transpose(1, 2).contiguous()
         parts += [images.unsqueeze(1), labels]
-    return image_task(*parts, dataset.classes, standardize=standardize)
+    train_pixels, train_labels, heldout_pixels, heldout_labels = parts
+    return image_task(train_pixels, train_labels, heldout_pixels, heldout_labels, dataset.classes, standardize=standardize)

@@ -72,6 +72,7 @@ from composer_fn.trainer.outputs import (
     model_inputs,
 )
 from composer_fn.trainer.step import (
+    GradMode,
     cross_entropy_loss,
     cross_entropy_per_sample_loss,
     per_sample_loss,
@@ -155,14 +156,14 @@ def make_setup(
         model = given if given is not None else built
         init = init_parameters(model, R.key(seed))
         rows = [R.randint(R.fold_in(data_key, i), 0, 16, (batch_size, sequence_length + 1)) for i in range(steps)]
-        batches: tuple[Any, ...] = tuple((row[:, :-1].clone(), row[:, 1:].clone()) for row in rows)
+        made: tuple[Any, ...] = tuple((row[:, :-1].clone(), row[:, 1:].clone()) for row in rows)
         loss_fn = causal_lm_loss()
     else:
         build = next((s.model for s in map(settings_for, algorithms) if s.model is not None), None)
         chosen = given or (build() if build is not None else None)
         model = chosen if chosen is not None else SmallCNN(in_channels=3, num_classes=num_classes, width=8)
         init = init_parameters(model, R.key(seed))
-        batches = tuple(
+        made = tuple(
             (
                 R.normal(R.fold_in(data_key, 2 * i), (batch_size, 3, image_size, image_size)),
                 R.randint(R.fold_in(data_key, 2 * i + 1), 0, num_classes, (batch_size,)),
@@ -171,7 +172,7 @@ def make_setup(
         )
         loss_fn = cross_entropy_loss()
     root = seed if key_seed is None else key_seed
-    inputs = tuple(batch[0] for batch in batches)
+    inputs = tuple(batch[0] for batch in made)
     wants_data = any("train_data" in a.requires for a in algorithms)
     static = Static(module=model, seed=root, train_inputs=(lambda: iter(inputs)) if wants_data else None)
     state = initial_state(model, R.key(root)).replace(params=dict(init))
@@ -184,7 +185,7 @@ def make_setup(
         opt=_optimizer().init(state.params), algos={a.name: a.init(static, state) for a in algorithms}
     )
     per_sample = cross_entropy_per_sample_loss() if modality == "image" else per_sample_loss(loss_fn)
-    return Setup(algorithms, static, state, batches, loss_fn, per_sample, max_duration)
+    return Setup(algorithms, static, state, made, loss_fn, per_sample, max_duration)
 
 
 def _given_setup(algorithms: Sequence[Algorithm], model: nn.Module, batches: tuple[Any, ...], root: int) -> Setup:
@@ -255,7 +256,7 @@ def train_steps(
         elif what is Action.STEP:
             assert meta is not None
             frozen = frozen_parameters(setup.algorithms, timestamp, static.module)
-            grad_mode = "func" if compile_backend else "autograd"
+            grad_mode: GradMode = "func" if compile_backend else "autograd"
             step = steps.train_step(StepSpec(static, plan.step_key, frozen, grad_mode, compile_backend), plan)
             state, metrics = step(state, batch)
             losses.append(metrics["loss"])

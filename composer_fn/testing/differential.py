@@ -313,7 +313,8 @@ def timm_models() -> dict[str, ModelCase]:
     from timm.models.vision_transformer import VisionTransformer
 
     cases = [
-        ModelCase("resnet18", lambda: ResNet(BasicBlock, [1, 1, 1, 1], num_classes=10), 32),
+        # timm annotates the block as an instance; a class is what it takes.
+        ModelCase("resnet18", lambda: ResNet(BasicBlock, (1, 1, 1, 1), num_classes=10), 32),  # type: ignore[arg-type]
         ModelCase(
             "efficientnet_b0",
             lambda: _gen_efficientnet(
