@@ -30,7 +30,11 @@ def model_seed(seed: int, step: int, offset: int = 0) -> int:
     """Returns the seed torch's generators hold for the model's draws at ``step`` (the optimizer steps taken
     before it) in the microbatch whose first sample is at ``offset`` of the global batch, in a run of ``seed``:
     what a hand-written loop seeds to draw the masks a run draws."""
-    word0, word1 = R.host_fold_in(R.host_fold_in(R.host_key(seed), step), offset)
+    return _seed_of(R.host_key(seed), step, offset)
+
+
+def _seed_of(root: tuple[int, int], step: int, offset: int) -> int:
+    word0, word1 = R.host_fold_in(R.host_fold_in(root, step), offset)
     return (word0 << 32) | word1
 
 
@@ -38,7 +42,7 @@ class ModelDraws:
     """Seeds torch's generators for the model's own draws at each step (see the module docstring)."""
 
     def __init__(self, seed: int, device: torch.device) -> None:
-        self._seed = seed
+        self._root = R.host_key(seed)
         self._generators = [torch.default_generator]
         if device.type == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
@@ -72,7 +76,7 @@ class ModelDraws:
         no-op outside ``around`` and inside a compiled graph)."""
         if self._step is None or torch.compiler.is_compiling():
             return
-        seed = model_seed(self._seed, self._step, offset)
+        seed = _seed_of(self._root, self._step, offset)
         for generator in self._generators:
             generator.manual_seed(seed)
         if self.drew is None:

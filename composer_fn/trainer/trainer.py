@@ -225,6 +225,7 @@ class Trainer:
         size = options.execution.microbatch_size
         self.device_train_microbatch_size: int | None = size if isinstance(size, int) else None
         self._rank_batch = run.rank_batch
+        self._auto = size == "auto"
         # What the loop keeps between ticks.
         self._batches: Iterator[Any] | None = None
         self._batch: Any = None
@@ -284,11 +285,6 @@ class Trainer:
     profiler = _Read("options.reporting.profiler", "The profiler, or None.")
     callbacks = _Read("options.reporting.callbacks", "The run's callbacks.")
     loggers = _Read("options.reporting.loggers", "The run's loggers.")
-
-    @property
-    def _auto(self) -> bool:
-        # device_train_microbatch_size='auto'.
-        return self.options.execution.microbatch_size == "auto"
 
     def _metadata(self) -> dict[str, Any]:
         return dict(self.options.checkpointing.metadata or {})
@@ -520,39 +516,39 @@ class Trainer:
         return None
 
     def _step(self) -> Progress:
-        plan = self._plan(self.timestamp, self._meta)
-        frozen = (
-            frozen_parameters(self.algorithms, self.timestamp, self.static.module) if self.run.freezing else frozenset()
-        )
+        timestamp, run, reporter = self.timestamp, self.run, self._reporter
+        plan = self._plan(timestamp, self._meta)
+        frozen = frozen_parameters(run.algorithms, timestamp, self.static.module) if run.freezing else frozenset()
         last_plan, last_static, last_frozen, step = self._last_step
         if plan is not last_plan or self.static is not last_static or frozen != last_frozen:
             step = self._train_step(plan, frozen)
             self._last_step = (plan, self.static, frozen, step)
-            self._reporter.planned(plan, self.timestamp.batch)
-        self._reporter.switched(self.timestamp.batch)
+            reporter.planned(plan, timestamp.batch)
+        if reporter.loggers:
+            reporter.switched(timestamp.batch)
         began = time.perf_counter()
         if self._auto:
             step = self._fitting_step(step, plan, frozen)
         else:
             try:
-                with self._draws.around(self.timestamp.batch, self._first_sample()):
+                with self._draws.around(timestamp.batch, self._first_sample()):
                     self.state, outputs = step(self.state, self._batch)
             except RuntimeError as error:
-                raise distributed.explained(error, self.world, self.timestamp.batch) from error
+                raise distributed.explained(error, run.world, timestamp.batch) from error
             self._took(outputs)
         self._batch = None
         if self._draws.drew and not self._draws_told:
             self._draws_told = True
             self._tell_draws()
         samples, tokens = self._meta.batch_size, self._meta.tokens
-        self._reporter.stepped(samples)
+        reporter.stepped(samples)
         if self._profile is not None:
             self._profile.step()
         return Progress(samples, tokens, time.perf_counter() - began)
 
     def _first_sample(self) -> int:
         # This process's first sample's place in the global batch (ranks before it hold B samples each).
-        return self.world.rank * self._process_batch()
+        return self.run.world.rank * max(self._rank_batch or 1, 1)
 
     def _process_batch(self) -> int:
         # A process's batch: the loader's batch_size, else its first batch's size.
