@@ -433,7 +433,6 @@ def options_from(records: Mapping[str, Any], flat: Mapping[str, Any]) -> Options
         if not given:
             built[record_name] = record if record is not None else kind()
             continue
-        spelled = {f"{kind.__name__}.{COMPOSER_NAMES[name][1]}": name for name in flat if COMPOSER_NAMES[name][0] == record_name}
         if record is not None:
             flat_names = sorted(name for name in flat if COMPOSER_NAMES[name][0] == record_name)
             raise TypeError(
@@ -441,8 +440,8 @@ def options_from(records: Mapping[str, Any], flat: Mapping[str, Any]) -> Options
                 f"pass the record alone (e.g. {kind.__name__}({COMPOSER_NAMES[flat_names[0]][1]}=...)) or the flat "
                 "arguments alone"
             )
-        # The record's whole check runs under the caller's names (defaults never fail it).
-        with _spelled({**spelled, **_defaults_spelled(record_name)}):
+        # The record's whole check runs under the caller's flat names (its defaults never fail it).
+        with _spelled(_defaults_spelled(record_name)):
             built[record_name] = kind(**given)
     options = Options(**built, given_as_records=frozenset(name for name, value in records.items() if value is not None))
     flat_records = {COMPOSER_NAMES[name][0] for name in flat}
