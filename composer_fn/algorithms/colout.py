@@ -306,7 +306,8 @@ class ColOut(BatchTransform):
     ) -> tuple[Static, State]:
         # The smaller images tried once before the first step: a model that cannot take them (a window that must
         # tile the feature map, an auxiliary head's kernel larger than it) is refused now, naming the size.
-        if meta is None or meta.tokens or len(meta.input_shape) < 3:
+        # The batch's metadata describes the model's input: an input_key elsewhere cuts another item, not checked.
+        if meta is None or meta.tokens or len(meta.input_shape) < 3 or self.input_key != 0:
             return static, state
         height, width = meta.input_shape[-2], meta.input_shape[-1]
         kept = (int((1 - self.p_row) * height), int((1 - self.p_col) * width))

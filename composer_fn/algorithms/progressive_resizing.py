@@ -312,7 +312,8 @@ class ProgressiveResizing(Algorithm):
     ) -> tuple[Static, State]:
         # Every size the run can visit, tried once before the first step: a model that cannot take one is refused
         # now, naming it, rather than failing inside its own code when the run gets there.
-        if self.initial_scale == 1 or meta is None or len(meta.input_shape) < 3:
+        # The batch's metadata describes the model's input: an input_key elsewhere resizes another item, not checked.
+        if self.initial_scale == 1 or meta is None or len(meta.input_shape) < 3 or self.input_key != 0:
             return static, state
         height, width = meta.input_shape[-2], meta.input_shape[-1]
         sizes = visited_sizes(height, width, self.initial_scale, self.size_increment)

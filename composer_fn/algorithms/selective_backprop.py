@@ -36,7 +36,7 @@ from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx, batch_get, batch_input
-from composer_fn.core.time import Timestamp
+from composer_fn.core.time import Timestamp, TimeUnit
 
 __all__ = [
     "SelectiveBackprop",
@@ -223,8 +223,20 @@ class SelectiveBackprop(Algorithm):
         pruned = self.keep < 1 and should_selective_backprop(
             timestamp.elapsed, timestamp.batch_in_epoch, self.start, self.end, self.interrupt
         )
-        # The shape check runs at the first batch of the run, ahead of the interval, and at every pruned batch.
-        return pruned or (event is Event.BATCH_START and timestamp.batch == 0 and self.keep < 1 and self.start < self.end)
+        # The shape check runs at the first batch of the run, ahead of the interval (where the run reaches it), and at
+        # every pruned batch.
+        return pruned or (event is Event.BATCH_START and timestamp.batch == 0 and self.keep < 1 and self._reached(timestamp))
+
+    def _reached(self, timestamp: Timestamp) -> bool:
+        # Whether some batch of the run falls in [start, end), its elapsed fraction counted as Timestamp.elapsed does.
+        total = timestamp.max_duration
+        if total is None or total.unit is not TimeUnit.BATCH:
+            return self.start < self.end
+        steps = int(total.value)
+        first = math.ceil(self.start * steps)
+        if first >= 1 and (first - 1) / steps >= self.start:  # the product rounded up past an exact fraction
+            first -= 1
+        return first < steps and first / steps < self.end
 
     def host_hooks(self) -> Mapping[Event, HostHook]:
         return {Event.BATCH_START: self._check_shapes}
@@ -241,7 +253,8 @@ class SelectiveBackprop(Algorithm):
         full = meta.input_shape
         kept = max(int(self.keep * full[0]), 1)
         shapes = [full, (kept, *full[1:])]
-        if self.scale_factor != 1 and len(full) in _INTERPOLATION:
+        # The scoring size where the downscaled item is the model's input (the metadata describes that one).
+        if self.scale_factor != 1 and len(full) in _INTERPOLATION and self.input_key in (None, 0):
             shapes.append((full[0], full[1], *(math.floor(dim * self.scale_factor) for dim in full[2:])))
         failure = shape_failure(static.module, state.params, state.buffers, shapes)
         if failure is None:

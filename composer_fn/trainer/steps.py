@@ -38,7 +38,8 @@ class StepSpec:
     microbatch (eager; a compiled graph draws its seeds once); ``compile`` the ``torch.compile`` backend or None.
 
     Where the run computes its gradients by ``torch.func`` (``grad_mode='func'``), the parameters its loss never
-    reaches are found when the step is built, on the batch at hand, and leave the spec as it is.
+    reaches are found when the step is built, on the batch at hand (``StepCache.train_step``'s ``unused``), and
+    leave the spec as it is.
     """
 
     static: Static | None
@@ -59,8 +60,7 @@ class StepSpec:
 @dataclass(frozen=True)
 class StepBuilder:
     """What a run's steps share: its loss functions, optimizer and batch layout, the model's random draws
-    (``reseed``: ``ModelDraws.reseed``), the default loss's weights (``loss_units``), and, for a ``func``-mode
-    step, how to find the parameters the loss does not reach (``unused``: a function of the spec and the plan)."""
+    (``reseed``: ``ModelDraws.reseed``) and the default loss's weights (``loss_units``)."""
 
     loss_fn: LossFn
     tx: GradientTransformation
@@ -68,13 +68,18 @@ class StepBuilder:
     per_sample_loss_fn: LossFn | None = None
     loss_units: Callable[[Any], Tensor] | None = None
     reseed: Callable[[int], None] | None = None
-    unused: Callable[[StepSpec, Plan], frozenset[str]] | None = None
 
-    def train_step(self, spec: StepSpec, plan: Plan, backend: Callable[..., Any] | None = None) -> StepFn:
+    def train_step(
+        self,
+        spec: StepSpec,
+        plan: Plan,
+        unused: frozenset[str] = frozenset(),
+        backend: Callable[..., Any] | None = None,
+    ) -> StepFn:
         """Returns the training step ``spec`` names, for ``plan`` (whose ``step_key`` is the spec's), compiled with
-        ``backend`` when the spec has a ``compile`` backend."""
+        ``backend`` when the spec has a ``compile`` backend. ``unused`` names the parameters the loss does not reach
+        (a ``func``-mode step cannot tell them from ones with a zero gradient): they are left as frozen ones are."""
         assert spec.static is not None
-        unused = self.unused(spec, plan) if self.unused is not None and spec.grad_mode == "func" else frozenset()
         summed = spec.processes > 1
         step = make_train_step(
             spec.static,
@@ -113,12 +118,17 @@ class StepCache:
         self._train: dict[StepSpec, StepFn] = {}
         self._eval: dict[tuple[Static, Hashable, bool, str | None], Callable[[State, Any], Any]] = {}
 
-    def train_step(self, spec: StepSpec, plan: Plan) -> StepFn:
-        """Returns the training step of ``spec`` for ``plan``, built on the first call."""
+    def __contains__(self, spec: object) -> bool:
+        """Returns whether the training step of ``spec`` is built."""
+        return spec in self._train
+
+    def train_step(self, spec: StepSpec, plan: Plan, unused: frozenset[str] = frozenset()) -> StepFn:
+        """Returns the training step of ``spec`` for ``plan``, built on the first call (``unused``: see
+        ``StepBuilder.train_step``, read only then)."""
         step = self._train.get(spec)
         if step is None:
             backend = self._counting(spec.compile) if spec.compile is not None else None
-            step = self._train[spec] = self.builder.train_step(spec, plan, backend)
+            step = self._train[spec] = self.builder.train_step(spec, plan, unused, backend)
         return step
 
     def forget(self, spec: StepSpec) -> None:

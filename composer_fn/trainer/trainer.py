@@ -253,7 +253,6 @@ class Trainer:
                 per_sample_loss_fn=self.per_sample_loss_fn,
                 loss_units=run.losses.units,
                 reseed=self._draws.reseed,
-                unused=self._unused,
             )
         )
         self._notify(Event.INIT)
@@ -330,7 +329,9 @@ class Trainer:
         )
 
     def _train_step(self, plan: Plan, frozen: frozenset[str] = frozenset()) -> StepFn:
-        return self._steps.train_step(self._spec(plan, frozen), plan)
+        spec = self._spec(plan, frozen)
+        unused = self._unused(spec, plan) if spec.grad_mode == "func" and spec not in self._steps else frozenset()
+        return self._steps.train_step(spec, plan, unused)
 
     def _unused(self, spec: StepSpec, plan: Plan) -> frozenset[str]:
         # A func-mode step (the compiled one) cannot tell a parameter its loss does not reach from one with a zero
@@ -364,7 +365,12 @@ class Trainer:
         # Once, before the first step or evaluation (see check_evaluators).
         if not self._evaluators_checked:
             check_evaluators(
-                self._setup(), self.state, self.timestamp, self.evaluators, self.eval_dataloader, self._to_device
+                self._setup(),
+                self.state,
+                self.timestamp,
+                self.evaluators,
+                self.eval_dataloader,
+                functools.partial(to_device, device=self.static.device),
             )
             self._evaluators_checked = True
 

@@ -412,19 +412,26 @@ def test_progressive_resizing_refuses_a_model_that_fails_at_a_size_the_run_visit
     assert trainer.timestamp.batch == 0
 
 
+def _resnet_with_an_unpadded_head() -> torch.nn.Module:
+    # torchvision's ResNet-18 with an unpadded 3x3 convolution on its last feature map, ceil(size / 32) wide: inputs
+    # whose map is narrower than 3 fail inside torch's convolution.
+    from torchvision.models import resnet18
+
+    torch.manual_seed(0)
+    model = resnet18(num_classes=4)
+    model.avgpool = torch.nn.Sequential(torch.nn.Conv2d(512, 512, 3), torch.nn.AdaptiveAvgPool2d(1))
+    return model
+
+
 def test_progressive_resizing_names_the_initial_scale_whose_sizes_all_pass() -> None:
     # torchvision's ResNet-18 with an unpadded 3×3 convolution on its last feature map, ceil(size / 32) wide: the
     # sizes whose map is narrower than 3 fail, and the suggested scale visits the smallest one that passes.
     import math
 
-    from torchvision.models import resnet18
-
     from composer_fn.algorithms import ProgressiveResizing
     from composer_fn.algorithms.progressive_resizing import pinned_size, visited_sizes
 
-    torch.manual_seed(0)
-    model = resnet18(num_classes=4)
-    model.avgpool = torch.nn.Sequential(torch.nn.Conv2d(512, 512, 3), torch.nn.AdaptiveAvgPool2d(1))
+    model = _resnet_with_an_unpadded_head()
     sizes = visited_sizes(128, 128, 0.25)
     failing = next(size for size in sizes if math.ceil(size[1] / 32) < 3)
     passing = sizes[sizes.index(failing) - 1]
@@ -495,15 +502,11 @@ def test_selective_backprop_refuses_a_kept_batch_the_model_cannot_take_before_th
 
 
 def test_selective_backprop_refuses_a_scoring_size_the_model_cannot_take() -> None:
-    # A torchvision ResNet-18 with an unpadded 3x3 convolution on its last feature map (size / 32 wide): scoring at
-    # half of 128 leaves it 2 wide. Keeping half of 4 samples passes; the scoring size is what is named.
-    from torchvision.models import resnet18
-
+    # Scoring at half of 128 leaves the unpadded head's map 2 wide. Keeping half of 4 samples passes; the scoring
+    # size is what is named.
     from composer_fn.algorithms import SelectiveBackprop
 
-    torch.manual_seed(0)
-    model = resnet18(num_classes=4)
-    model.avgpool = torch.nn.Sequential(torch.nn.Conv2d(512, 512, 3), torch.nn.AdaptiveAvgPool2d(1))
+    model = _resnet_with_an_unpadded_head()
     assert not _library_fails(model, (2, 3, 128, 128)) and _library_fails(model, (4, 3, 64, 64))
     batches = [(torch.rand(4, 3, 128, 128), torch.tensor([0, 1, 2, 3]))] * 2
     trainer = Trainer(
@@ -513,6 +516,20 @@ def test_selective_backprop_refuses_a_scoring_size_the_model_cannot_take() -> No
     with pytest.raises(ValueError, match=r"scale_factor=0\.5\) scores the batch at 64x64, but ResNet fails"):
         trainer.fit()
     assert trainer.timestamp.batch == 0
+
+
+def test_selective_backprop_checks_nothing_in_a_run_that_never_prunes() -> None:
+    # One batch at 0% of the run: the interval [0.5, 0.9) holds no batch, so the scoring size is never used.
+    from composer_fn.algorithms import SelectiveBackprop
+
+    model = _resnet_with_an_unpadded_head()
+    batches = [(torch.rand(4, 3, 128, 128), torch.tensor([0, 1, 2, 3]))]
+    trainer = Trainer(
+        model, batches, max_duration="1ba", algorithms=[SelectiveBackprop(scale_factor=0.5)], optimizer=optim.sgd(0.1),
+        progress_bar=False,
+    )  # fmt: skip
+    trainer.fit()
+    assert trainer.timestamp.batch == 1
 
 
 def test_a_surgery_is_refused_where_the_parent_reads_the_layers_weight_itself() -> None:
