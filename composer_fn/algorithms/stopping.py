@@ -157,7 +157,7 @@ class EarlyStopper(Algorithm):
                 f"EarlyStopper(patience={self.patience!r}) waits at least {steps} batches, and the whole run is "
                 f"{max_steps}: it can never stop this run",
                 UserWarning,
-                stacklevel=3,  # the user's Trainer(...) call
+                stacklevel=4,  # the user's Trainer(...) call
             )
 
     def _stops(self, entry: Any, metrics: Mapping[str, float], where: str, timestamp: Timestamp) -> tuple[Any, bool]:

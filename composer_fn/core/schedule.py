@@ -9,7 +9,7 @@ step, logging, evaluation, a checkpoint). The consumer reports each batch's ``Pr
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Collection, Generator
 from enum import Enum
 from typing import NamedTuple
 
@@ -62,6 +62,7 @@ def run_schedule(
     final_eval: bool = False,
     final_save: bool = False,
     batch_size: int = 1,
+    events: Collection[Event] | None = None,
 ) -> Generator[Tick, Progress | Action | None, Timestamp]:
     """Yields the ticks of a run of ``max_steps`` batches from ``start``; returns the final timestamp.
 
@@ -69,6 +70,9 @@ def run_schedule(
     and saves at its end, unless it just did at that batch. A run that
     reaches ``max_steps`` mid-epoch ends that epoch without EPOCH_END, as Composer does; a run resumed after an
     epoch's last batch goes straight to that epoch's end.
+
+    With ``events``, only those events are yielded (every action still is): a consumer that does nothing at the
+    others skips their ticks, and sees the rest in the same order.
     """
     if steps_per_epoch < 1:
         raise ValueError(f"steps_per_epoch={steps_per_epoch!r} must be a positive number of batches")
@@ -77,41 +81,55 @@ def run_schedule(
     eval_batches, eval_epochs = _every(eval_interval, TimeUnit.BATCH), _every(eval_interval, TimeUnit.EPOCH)
     save_batches, save_epochs = _every(save_interval, TimeUnit.BATCH), _every(save_interval, TimeUnit.EPOCH)
     evaluated = saved = -1
-    yield Event.FIT_START, timestamp
+    shown = frozenset(Event) if events is None else frozenset(events)
+    # The four events of every batch, looked up once.
+    before_loader, batch_start, batch_end, batch_checkpoint = (
+        e in shown for e in (Event.BEFORE_DATALOADER, Event.BATCH_START, Event.BATCH_END, Event.BATCH_CHECKPOINT)
+    )
+    if Event.FIT_START in shown:
+        yield Event.FIT_START, timestamp
     while timestamp.batch < max_steps:
         if timestamp.batch_in_epoch == 0:
-            yield Event.EPOCH_START, timestamp
+            if Event.EPOCH_START in shown:
+                yield Event.EPOCH_START, timestamp
         while timestamp.batch_in_epoch < steps_per_epoch and timestamp.batch < max_steps:
-            yield Event.BEFORE_DATALOADER, timestamp
-            yield Event.BATCH_START, timestamp
+            if before_loader:
+                yield Event.BEFORE_DATALOADER, timestamp
+            if batch_start:
+                yield Event.BATCH_START, timestamp
             progress = yield Action.STEP, timestamp
             done = progress if isinstance(progress, Progress) else Progress(batch_size)
             timestamp = timestamp.advance(done.samples, done.tokens, done.seconds)
             if (log_batches and timestamp.batch % log_batches == 0) or timestamp.batch == max_steps:
                 if (yield Action.LOG, timestamp) is Action.STOP:
                     max_steps = timestamp.batch
-            yield Event.BATCH_END, timestamp
+            if batch_end:
+                yield Event.BATCH_END, timestamp
             if eval_batches and timestamp.batch % eval_batches == 0:
                 evaluated = timestamp.batch
                 if (yield Action.EVALUATE, timestamp) is Action.STOP:
                     max_steps = timestamp.batch
-            yield Event.BATCH_CHECKPOINT, timestamp
+            if batch_checkpoint:
+                yield Event.BATCH_CHECKPOINT, timestamp
             if save_batches and timestamp.batch % save_batches == 0:
                 saved = timestamp.batch
                 yield Action.SAVE, timestamp
         if timestamp.batch >= max_steps and timestamp.batch_in_epoch < steps_per_epoch:
             break
-        yield Event.EPOCH_END, timestamp
+        if Event.EPOCH_END in shown:
+            yield Event.EPOCH_END, timestamp
         if eval_epochs and (timestamp.epoch + 1) % eval_epochs == 0:
             evaluated = timestamp.batch
             if (yield Action.EVALUATE, timestamp) is Action.STOP:
                 max_steps = timestamp.batch
         timestamp = timestamp.next_epoch()
-        yield Event.EPOCH_CHECKPOINT, timestamp
+        if Event.EPOCH_CHECKPOINT in shown:
+            yield Event.EPOCH_CHECKPOINT, timestamp
         if save_epochs and timestamp.epoch % save_epochs == 0:
             saved = timestamp.batch
             yield Action.SAVE, timestamp
-    yield Event.FIT_END, timestamp
+    if Event.FIT_END in shown:
+        yield Event.FIT_END, timestamp
     if final_eval and evaluated != timestamp.batch:
         yield Action.EVALUATE, timestamp
     if final_save and saved != timestamp.batch:

@@ -16,10 +16,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from composer_fn.callbacks.base import Callback
 from composer_fn.core import validate
 
 __all__ = [
     "available_device",
+    "check_algorithms_read",
     "check_loss_signature",
     "check_predict_input",
     "first_line",
@@ -139,6 +141,27 @@ def _metric_bounds(metric: Any) -> tuple[float, float]:
         float(low) if validate.is_real(low) else -math.inf,
         float(high) if validate.is_real(high) else math.inf,
     )
+
+
+def check_algorithms_read(
+    algorithms: Sequence[Any],
+    evaluators: Sequence[Any],
+    callbacks: Sequence[Any],
+    default_loss: bool,
+    max_steps: int,
+    steps_per_epoch: int,
+) -> None:
+    """Runs each algorithm's checks of what it reads in the run (``Capabilities.checks_logged`` against the metrics
+    logged where it watches, see ``logged_metrics``; ``checks_length`` against the run's length), which raise or
+    warn."""
+    logging = [c for c in callbacks if type(c).log_metrics is not Callback.log_metrics]
+    logged = logged_metrics(evaluators, logging, default_loss)
+    for algorithm in algorithms:
+        capabilities = algorithm.capabilities()
+        if capabilities.checks_logged is not None and capabilities.watches in logged:
+            capabilities.checks_logged(logged[capabilities.watches])
+        if capabilities.checks_length is not None:
+            capabilities.checks_length(max_steps, steps_per_epoch)
 
 
 def logged_metrics(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -20,7 +20,7 @@ from composer_fn.trainer.options import BatchLayout
 from composer_fn.trainer.outputs import causal_shift, logits_of
 from composer_fn.trainer.step import class_last
 
-__all__ = ["evaluate", "measure", "evaluate_on", "due"]
+__all__ = ["evaluate", "measure", "evaluate_on", "due", "stopping"]
 
 
 def evaluate(
@@ -177,3 +177,20 @@ def evaluate_on(
         per_position=default_loss,
     )
     return {f"eval/{evaluator.label}/{name}": value for name, value in results.items()}
+
+
+def stopping(
+    stoppers: Sequence[tuple[str, Callable[..., Any]]],
+    state: State,
+    metrics: Mapping[str, float],
+    where: str,
+    timestamp: Timestamp,
+) -> tuple[State, str | None]:
+    """Returns ``state`` with each stopping rule's entry after it read ``metrics`` at ``where`` (``'train'`` or an
+    evaluator's label), and the name of the first rule that ends the run there (None: none does)."""
+    stopped_by = None
+    for name, rule in stoppers:
+        entry, stop = rule(state.algos[name], metrics, where, timestamp)
+        state = state.with_algo(name, entry)
+        stopped_by = stopped_by or (name if stop else None)
+    return state, stopped_by

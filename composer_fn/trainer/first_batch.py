@@ -8,6 +8,7 @@ eval mode, and metrics are measured on clones.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +34,7 @@ from composer_fn.trainer import distributed
 from composer_fn.trainer.checks import first_line, input_expectation
 from composer_fn.trainer.evaluation import evaluate
 from composer_fn.trainer.evaluator import Evaluator
-from composer_fn.trainer.outputs import causal_shift, keyword_names, logits_of
+from composer_fn.trainer.outputs import causal_shift, keyword_names, logits_of, positions_per_sample
 from composer_fn.trainer.step import check_class_targets, make_eval_step
 
 __all__ = [
@@ -42,6 +43,8 @@ __all__ = [
     "check_targets",
     "check_keywords",
     "check_algorithm_keys",
+    "check_train_keys",
+    "units_scale",
     "check_evaluators",
     "outputs_of",
     "item",
@@ -291,6 +294,23 @@ def item(batch: Any, key: int | str | None, argument: str, where: str, outputs: 
             else ""
         )
         raise ValueError(f"{argument}={key!r}: {where} has no item {item!r} (it holds {held}){hint}") from None
+
+
+def check_train_keys(setup: SetUp, algorithms: Sequence[Algorithm], batch: Any) -> None:
+    """Raises ValueError when the first training batch lacks what the model, the run or an algorithm reads in it (see
+    ``check_keywords``, ``item``, ``check_algorithm_keys``)."""
+    where = "train_dataloader's first batch"
+    check_keywords(setup, batch, where)
+    item(batch, setup.input_key, "input_key", where)
+    check_algorithm_keys(algorithms, batch)
+
+
+def units_scale(setup: SetUp, batch: Any, broadcast: Callable[[float], float]) -> float:
+    """Returns the scale of a loss counted in units (tokens, positions) that weighs a sample as ``batch`` does: the power
+    of two nearest its positions per sample, so that runs whose first batches differ (a resumed run) weigh alike,
+    exactly; every process takes rank 0's (``broadcast``)."""
+    per_sample = positions_per_sample(batch, setup.target_key, setup.causal)
+    return float(broadcast(2.0 ** round(math.log2(per_sample))))
 
 
 def check_algorithm_keys(algorithms: Sequence[Algorithm], batch: Any) -> None:

@@ -10,7 +10,11 @@ last backward) divided by the global counts are the step's, which the events fro
 
 from __future__ import annotations
 
+import dataclasses
+import gc
+import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -21,7 +25,16 @@ from composer_fn.core import random as R
 from composer_fn.core.state import LossFn, State, StepCtx, batch_input
 from composer_fn.optim.base import in_layout_of
 
-__all__ = ["Reduce", "Summing", "failed_contribution", "microbatched_step", "norm_statistics", "split_batch"]
+__all__ = [
+    "Cut",
+    "Reduce",
+    "Summing",
+    "failed_contribution",
+    "halved",
+    "microbatched_step",
+    "norm_statistics",
+    "split_batch",
+]
 
 Reduce = Callable[[Sequence[Tensor]], list[Tensor]]
 """``reduce(tensors) -> sums``: each tensor summed over every process (``distributed.all_reduce_sum``)."""
@@ -149,6 +162,56 @@ def _combine(
     mean = in_layout_of({name: summed[name].div_(share) for name in used}, like)
     averaged = {name: b / parts for name, b in zip(statistics, mean_statistics, strict=True)}
     return mean, loss / divisor, averaged, total
+
+
+@dataclass(frozen=True)
+class Cut:
+    """How this process cuts its batches: its place among ``processes``, a process's batch (``rank_batch``: the
+    loader's ``batch_size``, else its first batch's size; None before it is known) and the microbatch size
+    (``microbatch``; ``auto``: halved each time a step runs out of memory)."""
+
+    rank: int
+    processes: int
+    rank_batch: int | None
+    microbatch: int | None
+    auto: bool
+
+    @property
+    def process_batch(self) -> int:
+        """Returns a process's batch (1 while unknown)."""
+        return max(self.rank_batch or 1, 1)
+
+    @property
+    def first_sample(self) -> int:
+        """Returns the place of this process's first sample in the global batch (ranks before it hold a process's
+        batch each)."""
+        return self.rank * self.process_batch
+
+    @property
+    def microbatch_size(self) -> int | None:
+        """Returns the size a step cuts its batch into, or None for a step that does not cut it: several processes,
+        or microbatches asked for, cut it (into one microbatch when no size was given)."""
+        if self.microbatch is None and self.processes == 1 and not self.auto:
+            return None
+        return self.microbatch or self.process_batch
+
+    def halved(self, step: int, device: torch.device) -> Cut:
+        """Returns the cut to retry ``step`` with after it ran out of memory (see ``halved``)."""
+        return dataclasses.replace(self, microbatch=halved(self.microbatch or self.rank_batch or 1, step, device))
+
+
+def halved(size: int, step: int, device: torch.device) -> int:
+    """Returns the microbatch size to retry ``step`` with after it ran out of memory with ``size`` (half of it, rounded
+    up), the memory the failed attempt held freed; a step that fails one sample at a time is refused."""
+    if size <= 1:
+        raise RuntimeError(
+            f"out of device memory at step {step} with device_train_microbatch_size=1 (on some process): the model "
+            "does not fit one sample at a time; use a smaller model or precision"
+        )
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return math.ceil(size / 2)
 
 
 def failed_contribution(state: State, frozen: frozenset[str], statistics: Sequence[str], reduce: Reduce) -> None:

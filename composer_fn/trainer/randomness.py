@@ -39,7 +39,14 @@ def _seed_of(root: tuple[int, int], step: int, offset: int) -> int:
 
 
 class ModelDraws:
-    """Seeds torch's generators for the model's own draws at each step (see the module docstring)."""
+    """Seeds torch's generators for the model's own draws at each step (see the module docstring).
+
+    ``enter`` and ``leave`` bracket a step (the trainer's hot path); ``around`` is the same as a context manager.
+    The seeds of a stretch of steps at one offset are computed together, on tensors, as ``model_seed`` computes
+    each on Python ints.
+    """
+
+    _STRETCH = 256
 
     def __init__(self, seed: int, device: torch.device) -> None:
         self._root = R.host_key(seed)
@@ -49,38 +56,67 @@ class ModelDraws:
             self._generators.append(torch.cuda.default_generators[index])
         self._step: int | None = None
         self._seeded: list[torch.Tensor] = []
+        # By offset (a process's, or its microbatches'): the seeds of the steps [first, first + len(seeds)).
+        self._stretches: dict[int, tuple[int, list[int]]] = {}
         self.drew: bool | None = None
         """Whether the model drew from the generators in the first step seeded (None before it)."""
+
+    def enter(self, step: int, offset: int) -> list[torch.Tensor]:
+        """Seeds the generators for ``step`` and the step's first sample at ``offset`` of the global batch;
+        returns their earlier state, for ``leave``."""
+        saved = [generator.get_state() for generator in self._generators]
+        self._step = step
+        self._seed(step, offset)
+        return saved
+
+    def leave(self, saved: list[torch.Tensor], completed: bool = True) -> None:
+        """Puts back the generators' state from before ``enter``; after the first ``completed`` step, learns whether
+        the model drew."""
+        if completed and self.drew is None:
+            self.drew = any(
+                not torch.equal(generator.get_state(), seeded)
+                for generator, seeded in zip(self._generators, self._seeded, strict=True)
+            )
+        self._step = None
+        for generator, state in zip(self._generators, saved, strict=True):
+            generator.set_state(state)
 
     @contextlib.contextmanager
     def around(self, step: int, offset: int) -> Iterator[None]:
         """Runs the block (one training step) with the generators seeded for ``step`` and the step's first
         sample at ``offset`` of the global batch; their earlier state is put back after it."""
-        saved = [generator.get_state() for generator in self._generators]
-        self._step = step
+        saved = self.enter(step, offset)
+        completed = False
         try:
-            self.reseed(offset)
             yield
-            if self.drew is None:
-                self.drew = any(
-                    not torch.equal(generator.get_state(), seeded)
-                    for generator, seeded in zip(self._generators, self._seeded, strict=True)
-                )
+            completed = True
         finally:
-            self._step = None
-            for generator, state in zip(self._generators, saved, strict=True):
-                generator.set_state(state)
+            self.leave(saved, completed)
 
     def reseed(self, offset: int) -> None:
         """Seeds the generators for the microbatch whose first sample is at ``offset`` of the global batch (a
         no-op outside ``around`` and inside a compiled graph)."""
-        if self._step is None or torch.compiler.is_compiling():
-            return
-        seed = _seed_of(self._root, self._step, offset)
+        if self._step is not None and not torch.compiler.is_compiling():
+            self._seed(self._step, offset)
+
+    def _seed(self, step: int, offset: int) -> None:
+        first, seeds = self._stretches.get(offset, (step, []))
+        if not 0 <= step - first < len(seeds):
+            if len(self._stretches) >= self._STRETCH:
+                self._stretches.clear()
+            first, seeds = self._stretches[offset] = (step, _seeds(self._root, step, self._STRETCH, offset))
+        seed = seeds[step - first]
         for generator in self._generators:
             generator.manual_seed(seed)
         if self.drew is None:
             self._seeded = [generator.get_state() for generator in self._generators]
+
+
+def _seeds(root: tuple[int, int], first: int, count: int, offset: int) -> list[int]:
+    # _seed_of for the steps [first, first + count) at once: the same folds, on tensors.
+    steps = torch.arange(first, first + count, dtype=torch.int64)
+    keys = R.fold_in(R.fold_in(R.from_host(root), steps), torch.tensor(offset, dtype=torch.int64))
+    return [seed % 2**64 for seed in ((keys[:, 0] << 32) | keys[:, 1]).tolist()]  # int64 to the unsigned seed
 
 
 def cut_draws_warning(model: str, processes: int) -> str:

@@ -14,20 +14,18 @@ What is left here is the loop: ``fit``, ``eval``, ``predict``, ``model`` and sav
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
-import gc
-import math
-import operator
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from composer_fn.callbacks.base import Callback, RunView, bind_callbacks, logging_callbacks
+from composer_fn.callbacks.base import RunView, bind_callbacks, logging_callbacks
 from composer_fn.core.algorithm import Algorithm, algorithms_to_json
 from composer_fn.core.engine import (
     Plan,
@@ -38,16 +36,12 @@ from composer_fn.core.engine import (
 from composer_fn.core.event import Event
 from composer_fn.core.passes import DEFAULT_PASSES, Pass
 from composer_fn.core.schedule import Action, Progress, run_schedule
-from composer_fn.core.state import (
-    BatchMeta,
-    State,
-    batch_input,
-    batch_meta,
-)
+from composer_fn.core.state import BatchMeta, State, batch_input
 from composer_fn.core.time import Time, Timestamp, TimeUnit
 from composer_fn.optim.base import GradientTransformation
 from composer_fn.profiler import ProfileSession, marked
 from composer_fn.trainer import distributed
+from composer_fn.trainer.attributes import RunAttributes
 from composer_fn.trainer.build import (
     build_run,
     changing_nothing,
@@ -62,22 +56,19 @@ from composer_fn.trainer.checkpoint import (
     save_checkpoint,
     save_to_folder,
 )
-from composer_fn.trainer.checks import (
-    logged_metrics,
-)
-from composer_fn.trainer.evaluation import due, evaluate_on
+from composer_fn.trainer.checks import check_algorithms_read
+from composer_fn.trainer.evaluation import due, evaluate_on, stopping
 from composer_fn.trainer.evaluator import Evaluator
+from composer_fn.trainer.feed import Feed
 from composer_fn.trainer.first_batch import (
     SetUp,
-    check_algorithm_keys,
     check_evaluators,
     check_input_range,
-    check_keywords,
     check_targets,
-    item,
+    check_train_keys,
+    units_scale,
 )
-from composer_fn.trainer.loaders import epoch_batches, global_meta
-from composer_fn.trainer.microbatch import failed_contribution, norm_statistics, split_batch
+from composer_fn.trainer.microbatch import Cut, failed_contribution, norm_statistics, split_batch
 from composer_fn.trainer.model import evaluation_state, module_with
 from composer_fn.trainer.options import (
     BatchLayout,
@@ -86,9 +77,6 @@ from composer_fn.trainer.options import (
     Reporting,
     Resume,
     options_from,
-)
-from composer_fn.trainer.outputs import (
-    positions_per_sample,
 )
 from composer_fn.trainer.prediction import check_predict_loader, predictions
 from composer_fn.trainer.randomness import ModelDraws, cut_draws_warning
@@ -101,18 +89,7 @@ from composer_fn.trainer.steps import StepBuilder, StepCache, StepSpec
 
 __all__ = ["Trainer"]
 
-class _Read:
-    """A read-only attribute of the Trainer that one of its parts holds (``'run.max_steps'``)."""
-
-    def __init__(self, path: str, doc: str) -> None:
-        self._get = operator.attrgetter(path)
-        self.__doc__ = doc
-
-    def __get__(self, trainer: Any, owner: type | None = None) -> Any:
-        return self if trainer is None else self._get(trainer)
-
-
-class Trainer:
+class Trainer(RunAttributes):
     """Trains ``model`` with ``algorithms`` composed over a functional step.
 
     Args:
@@ -204,17 +181,9 @@ class Trainer:
         self._handlers = bind_callbacks(self.callbacks)
         self._log_handlers = logging_callbacks(self.callbacks)
         self._step_norms = any(c.step_norms for c in self.callbacks)
-        logged = logged_metrics(
-            run.evaluators,
-            [c for c in self.callbacks if type(c).log_metrics is not Callback.log_metrics],
-            run.losses.default,
+        check_algorithms_read(
+            run.algorithms, run.evaluators, self.callbacks, run.losses.default, run.max_steps, run.steps_per_epoch
         )
-        for algorithm in run.algorithms:
-            capabilities = algorithm.capabilities()
-            if capabilities.checks_logged is not None and capabilities.watches in logged:
-                capabilities.checks_logged(logged[capabilities.watches])
-            if capabilities.checks_length is not None:
-                capabilities.checks_length(run.max_steps, run.steps_per_epoch)
         self._observed = frozenset(self._handlers) | {e for a in run.algorithms for e in a.host_hooks()}
         self._reporter = Reporter(self.loggers, self.progress_bar, run.checks_at)
         self.metrics: dict[str, float] = {}
@@ -223,11 +192,10 @@ class Trainer:
         # A process's batch (the loader's batch_size, else its first batch's size) and its microbatch, which 'auto'
         # halves when a step runs out of memory.
         size = options.execution.microbatch_size
-        self.device_train_microbatch_size: int | None = size if isinstance(size, int) else None
-        self._rank_batch = run.rank_batch
-        self._auto = size == "auto"
+        microbatch = size if isinstance(size, int) else None
+        self._cut = Cut(run.world.rank, run.world.size, run.rank_batch, microbatch, auto=size == "auto")
         # What the loop keeps between ticks.
-        self._batches: Iterator[Any] | None = None
+        self._feed = Feed(train_dataloader, run.steps_per_epoch, self.input_key, run.device, run.world.size)
         self._batch: Any = None
         self._meta = BatchMeta(0)
         self._loss: Tensor | None = None
@@ -244,6 +212,7 @@ class Trainer:
         self.static, self.state, self.no_effect = start_state(model, run, seed, inputs)
         """The model's structure with the run's surgeries, and the run's state (see ``State``)."""
         self.timestamp = Timestamp().with_max_duration(Time(run.max_steps, TimeUnit.BATCH))
+        self._move = functools.partial(to_device, device=run.device)
         self._draws = ModelDraws(self.static.seed, run.device)
         self._steps = StepCache(
             StepBuilder(
@@ -259,43 +228,11 @@ class Trainer:
         if run.load_path is not None:
             self._load(run.load_path)
 
-    algorithms = _Read("run.algorithms", "The run's algorithms, in order (a checkpoint's recorded surgeries first).")
-    passes = _Read("run.passes", "The passes that order the algorithms at each event.")
-    world = _Read("run.world", "The run's processes (``distributed.World``).")
-    evaluators = _Read("run.evaluators", "The run's evaluators.")
-    train_dataloader = _Read("run.train_dataloader", "The training loader.")
-    eval_dataloader = _Read("run.eval_dataloader", "The ``eval_dataloader`` argument.")
-    steps_per_epoch = _Read("run.steps_per_epoch", "Batches an epoch (the training loader's length).")
-    max_duration = _Read("run.max_duration", "The run's length as given (``Time``).")
-    scale_schedule_ratio = _Read("run.scale_schedule_ratio", "Composer's scale-schedule ratio.")
-    max_steps = _Read("run.max_steps", "The run's length in steps.")
-    tx = _Read("run.tx", "The optimizer, with the learning-rate schedule folded in.")
-    lr_multiplier = _Read("run.lr_multiplier", "The learning-rate multiplier by step.")
-    loss_fn = _Read("run.losses.loss_fn", "The loss: the given one (checked to be one number) or the default.")
-    per_sample_loss_fn = _Read("run.losses.per_sample_loss_fn", "The per-sample loss algorithms read.")
-    eval_interval = _Read("run.eval_interval", "How often the run evaluates, or None.")
-    save_folder = _Read("run.save_folder", "Where checkpoints go, or None.")
-    input_key = _Read("options.layout.input_key", "Where a batch holds the model's input (``BatchLayout``).")
-    target_key = _Read("options.layout.target_key", "Where a batch holds the targets (``BatchLayout``).")
-    compile = _Read("options.execution.compile", "The ``torch.compile`` backend, or None.")
-    grad_mode = _Read("options.execution.step_grad_mode", "``'autograd'`` or ``'func'``.")
-    save_interval = _Read("options.checkpointing.interval", "How often the run checkpoints, or None.")
-    log_interval = _Read("options.reporting.log_interval", "How often loggers receive a training record.")
-    profiler = _Read("options.reporting.profiler", "The profiler, or None.")
-    callbacks = _Read("options.reporting.callbacks", "The run's callbacks.")
-    loggers = _Read("options.reporting.loggers", "The run's loggers.")
-
-    def _metadata(self) -> dict[str, Any]:
-        return dict(self.options.checkpointing.metadata or {})
-
-    @property
-    def progress_bar(self) -> bool:
-        """Returns whether this process shows a progress bar (rank 0 only)."""
-        return bool(self.options.reporting.progress_bar) and self.world.main
-
     def _plan(self, timestamp: Timestamp, meta: BatchMeta | None = None) -> Plan:
         # Several ticks in a row share a timestamp: plan once for them.
         last_timestamp, last_meta, plan = self._last_plan
+        if plan is not None and not self.run.algorithms:
+            return plan  # nothing to match: one plan for the run
         if timestamp is not last_timestamp or meta is not last_meta or plan is None:
             plan = make_plan(self.algorithms, self.passes, timestamp, meta=meta)
             if self.profiler is not None:
@@ -304,25 +241,21 @@ class Trainer:
         return plan
 
     def _spec(self, plan: Plan, frozen: frozenset[str] = frozenset()) -> StepSpec:
-        # Several processes, or microbatches asked for: the step cuts its batch (into one microbatch when no size
-        # was given) and draws from the microbatches' places in the global batch; ranks before this one hold B
-        # samples each, B being a process's batch.
-        microbatch = self.device_train_microbatch_size
-        microbatched = microbatch is not None or self.world.size > 1 or self._auto
+        cut, auto = self._cut, self._cut.auto
         return StepSpec(
             self.static,
             plan.step_key,
             frozen,
             grad_mode=self.grad_mode,
             compile=self.compile,
-            microbatch_size=(microbatch or self._process_batch()) if microbatched else None,
-            first_sample=self._first_sample(),
-            processes=self.world.size,
+            microbatch_size=cut.microbatch_size,
+            first_sample=cut.first_sample,
+            processes=cut.processes,
             units_scale=self._units_scale or 1.0,
             # The trainer owns its state: an eager step may update its tensors in place, unless a step that runs out
             # of memory is to be retried from the state before it.
-            donate=not self.compile and not self._auto,
-            guard_failures=self._auto and self.world.size > 1,
+            donate=not self.compile and not auto,
+            guard_failures=auto and cut.processes > 1,
             norms=self._step_norms,
             # A compiled graph draws its seeds once, at its start.
             reseed=not self.compile,
@@ -338,10 +271,10 @@ class Trainer:
         # gradient; an autograd step on this batch's first microbatch names them, with the model's draws put back.
         if self._batch is None:
             return frozenset()
-        part = split_batch(self._batch, self.input_key, spec.microbatch_size or self._process_batch())[:1]
+        part = split_batch(self._batch, self.input_key, spec.microbatch_size or self._cut.process_batch)[:1]
         if not part:
             return frozenset()
-        with self._draws.around(self.timestamp.batch, self._first_sample()):
+        with self._draws.around(self.timestamp.batch, self._cut.first_sample):
             return unused_parameters(
                 self.static,
                 plan,
@@ -370,7 +303,7 @@ class Trainer:
                 self.timestamp,
                 self.evaluators,
                 self.eval_dataloader,
-                functools.partial(to_device, device=self.static.device),
+                self._move,
             )
             self._evaluators_checked = True
 
@@ -394,12 +327,6 @@ class Trainer:
                     self.static, self.state = run_host_event(event, plan, self.static, self.state, self.timestamp, meta)
                 self._notify(event)
 
-    def _log(self, record: dict[str, Any]) -> None:
-        self._reporter.log(record)
-
-    def _to_device(self, batch: Any) -> Any:
-        return to_device(batch, self.static.device)
-
     def fit(self) -> dict[str, float]:
         """Returns the final metrics after training to ``max_duration`` (resuming where a checkpoint left off).
 
@@ -410,13 +337,15 @@ class Trainer:
         self._check_evaluators()
         for logger in self.loggers:
             logger.fit_start(self.timestamp.batch)  # 0: a fresh run; a resumed one starts at its checkpoint's batch
-        self._log(hparams_record(self.run, self.static))
+        self._reporter.log(hparams_record(self.run, self.static))
         if self.loggers and self.algorithms:
-            self._log({"kind": "schedule", "table": schedule_table(self.run)})
+            self._reporter.log({"kind": "schedule", "table": schedule_table(self.run)})
+        # The batch is read at BEFORE_DATALOADER when something looks at it or at BATCH_START, else by the step.
+        apart = bool(self._observed & {Event.BEFORE_DATALOADER, Event.BATCH_START})
         actions: dict[Event | Action, Callable[[], Progress | Action | None]] = {
             Event.BEFORE_DATALOADER: self._next_batch,
             Event.BATCH_START: lambda: self._host_event(Event.BATCH_START, self._meta),
-            Action.STEP: self._step,
+            Action.STEP: self._step if apart else self._read_and_step,
             Action.LOG: self._log_train,
             Event.EPOCH_END: self._end_epoch,
             Action.EVALUATE: self._evaluate_in_run,
@@ -431,6 +360,8 @@ class Trainer:
             log_interval=self.log_interval,
             final_eval=bool(self.evaluators),
             final_save=self.save_folder is not None,
+            # Events nothing looks at are left out, except those the loop itself acts at.
+            events=self._observed | {Event.EPOCH_END} | ({Event.BEFORE_DATALOADER} if apart else set()),
         )
         self._reporter.start(self.max_steps, self.timestamp.batch)
         self._unchecked = True
@@ -443,33 +374,44 @@ class Trainer:
         first_step, noted = contextlib.ExitStack(), list[str]()
         if self.algorithms:
             first_step.enter_context(passed_on(noted))
+        step = actions[Action.STEP]
+
+        def first() -> Progress | Action | None:
+            try:
+                progress = step()
+            finally:
+                first_step.close()
+                actions[Action.STEP] = step
+            self._tell_draws()
+            return progress
+
+        actions[Action.STEP] = first
         try:
             while True:
                 what, self.timestamp = ticks.send(reply)
                 action = actions.get(what)
                 if action is not None:
                     reply = action()
-                    if what is Action.STEP:
-                        first_step.close()
                 else:
                     # Every Action has an entry above: what is left are events.
                     reply = None
                     if what in self._observed:
                         self._host_event(what)  # type: ignore[arg-type]
-        except StopIteration:
-            pass
+        except StopIteration as end:
+            self.timestamp = end.value  # where the schedule ended, past ticks it did not show
         finally:
             first_step.close()
             self.no_effect = tuple(dict.fromkeys((*self.no_effect, *changing_nothing(self.algorithms, noted))))
             self._reporter.finish(self.timestamp.batch)
             self._reporter.hand_over()  # what was logged before an error too
-            self._batches = self._batch = None
+            self._feed.close()
+            self._batch = None
             if self._profile is not None:
                 self._profile.stop()
                 self.profile_traces = list(self._profile.traces)
                 self._profile = None
         self.metrics["wall_time"] = self._reporter.wall_time()
-        self._log({"kind": "fit", "step": self.timestamp.batch, "wall_time": self.metrics["wall_time"]})
+        self._reporter.log({"kind": "fit", "step": self.timestamp.batch, "wall_time": self.metrics["wall_time"]})
         for callback in self.callbacks:
             callback.close()
         for logger in self.loggers:
@@ -477,49 +419,31 @@ class Trainer:
         return dict(self.metrics)
 
     def _next_batch(self) -> None:
-        # BEFORE_DATALOADER, then the loader: a loader that runs out early ends the epoch early.
-        self._host_event(Event.BEFORE_DATALOADER)
-        if self._batches is None:
-            self._batches = epoch_batches(self.train_dataloader, self.timestamp.epoch, self.timestamp.batch_in_epoch)
-        raw = next(self._batches, None)
-        if raw is None:
-            given = self.timestamp.batch_in_epoch
-            raise ValueError(
-                f"train_dataloader yielded {f'only {given} batches' if given else 'no batch'} in epoch "
-                f"{self.timestamp.epoch} although its length is {self.steps_per_epoch}: its __len__ must count the "
-                "batches it yields in an epoch (the run's length in epochs is counted with it)"
-            )
-        if not isinstance(raw, tuple | list | Mapping):
-            raise TypeError(
-                f"train_dataloader yields {type(raw).__name__} batches; expected tuples or lists (inputs, targets) "
-                "or mappings, read at input_key and target_key"
-            )
-        if self._unchecked:
-            check_keywords(self._setup(), raw, "train_dataloader's first batch")
-            item(raw, self.input_key, "input_key", "train_dataloader's first batch")
-            check_algorithm_keys(self.algorithms, raw)
-        meta = batch_meta(raw, self.input_key)
-        # Under several processes, host hooks and the run's clock see the global batch, as one process would.
-        self._meta = (
-            global_meta(self.train_dataloader, meta, self.timestamp.batch_in_epoch, self.world.size)
-            if self.world.size > 1
-            else meta
+        # BEFORE_DATALOADER, then the loader (see Feed); the first batch is checked against the run.
+        if Event.BEFORE_DATALOADER in self._observed:
+            self._host_event(Event.BEFORE_DATALOADER)
+        if not self._unchecked:
+            _, self._batch, _, self._meta = self._feed.next(self.timestamp)
+            return
+        setup = self._setup()
+        raw, self._batch, local, self._meta = self._feed.next(
+            self.timestamp, functools.partial(check_train_keys, setup, self.algorithms)
         )
-        self._batch = self._to_device(raw)
-        if self._unchecked:
-            # A loader without a batch_size: its first batch's size is a process's batch (for microbatch places).
-            self._rank_batch = self._rank_batch or meta.batch_size
-            check_input_range(self.run.input_ranges, self._batch, self.input_key)
-            check_targets(self._setup(), self.state, self.timestamp, self._batch)
-            if self.run.losses.units is not None and self._units_scale is None:
-                # A power of two, so that runs whose first batches differ (a resumed run) weigh alike, exactly.
-                per_sample = positions_per_sample(raw, self.target_key, self.run.losses.causal)
-                self._units_scale = float(self.world.broadcast(2.0 ** round(math.log2(per_sample))))
-            given = batch_input(raw, self.input_key)
-            if isinstance(given, Tensor):
-                self._trained_input = (tuple(given.shape), given.dtype)
-            self._unchecked = False
-        return None
+        # A loader without a batch_size: its first batch's size is a process's batch (for microbatch places).
+        if self._cut.rank_batch is None:
+            self._cut = dataclasses.replace(self._cut, rank_batch=local.batch_size)
+        check_input_range(self.run.input_ranges, self._batch, self.input_key)
+        check_targets(setup, self.state, self.timestamp, self._batch)
+        if self.run.losses.units is not None and self._units_scale is None:
+            self._units_scale = units_scale(setup, raw, self.world.broadcast)
+        given = batch_input(raw, self.input_key)
+        if isinstance(given, Tensor):
+            self._trained_input = (tuple(given.shape), given.dtype)
+        self._unchecked = False
+
+    def _read_and_step(self) -> Progress:
+        self._next_batch()
+        return self._step()
 
     def _step(self) -> Progress:
         timestamp, run, reporter = self.timestamp, self.run, self._reporter
@@ -533,32 +457,33 @@ class Trainer:
         if reporter.loggers:
             reporter.switched(timestamp.batch)
         began = time.perf_counter()
-        if self._auto:
+        if self._cut.auto:
             step = self._fitting_step(step, plan, frozen)
         else:
+            draws = self._draws
+            saved, completed = draws.enter(timestamp.batch, self._cut.first_sample), False
             try:
-                with self._draws.around(timestamp.batch, self._first_sample()):
-                    self.state, outputs = step(self.state, self._batch)
+                self.state, outputs = step(self.state, self._batch)
+                completed = True
             except RuntimeError as error:
                 raise distributed.explained(error, run.world, timestamp.batch) from error
-            self._took(outputs)
+            finally:
+                draws.leave(saved, completed)
+            self._loss = outputs["loss"]
+            if self._step_norms:
+                self._took(outputs)
         self._batch = None
-        if self._draws.drew and not self._draws_told:
-            self._draws_told = True
-            self._tell_draws()
-        samples, tokens = self._meta.batch_size, self._meta.tokens
-        reporter.stepped(samples)
+        meta = self._meta
+        reporter.stepped(meta.batch_size)
         if self._profile is not None:
             self._profile.step()
-        return Progress(samples, tokens, time.perf_counter() - began)
+        return Progress(meta.batch_size, meta.tokens, time.perf_counter() - began)
 
-    def _first_sample(self) -> int:
-        # This process's first sample's place in the global batch (ranks before it hold B samples each).
-        return self.run.world.rank * max(self._rank_batch or 1, 1)
-
-    def _process_batch(self) -> int:
-        # A process's batch: the loader's batch_size, else its first batch's size.
-        return max(self._rank_batch or 1, 1)
+    @property
+    def device_train_microbatch_size(self) -> int | None:
+        """Returns the microbatch size steps cut a process's batch into (None: uncut; ``'auto'`` starts uncut and
+        halves it each time a step runs out of memory)."""
+        return self._cut.microbatch
 
     @property
     def compiles(self) -> int:
@@ -566,9 +491,9 @@ class Trainer:
         return self._steps.compiles
 
     def _tell_draws(self) -> None:
-        # Once, after the first step (see cut_draws_warning).
-        cut = self.world.size > 1 or self._auto or self.device_train_microbatch_size is not None
-        if cut:
+        # After the first step of a fit (see cut_draws_warning).
+        if self._draws.drew and self._cut.microbatch_size is not None and not self._draws_told:
+            self._draws_told = True
             warnings.warn(cut_draws_warning(type(self.static.module).__name__, self.world.size), stacklevel=4)
 
     def _fitting_step(self, step: StepFn, plan: Plan, frozen: frozenset[str]) -> StepFn:
@@ -578,33 +503,21 @@ class Trainer:
             statistics = norm_statistics(self.static.module)
             failed_contribution(self.state, frozen, statistics, distributed.all_reduce_sum)
 
-        while (result := distributed.attempt_step(self._run_step(step), self.world, self.timestamp.batch, joined)) is None:
-            current = self.device_train_microbatch_size or self._rank_batch or 1
-            if current <= 1:
-                raise RuntimeError(
-                    f"out of device memory at step {self.timestamp.batch} with device_train_microbatch_size=1 (on "
-                    "some process): the model does not fit one sample at a time; use a smaller model or precision"
-                )
-            gc.collect()
-            if self.static.device.type == "cuda":
-                torch.cuda.empty_cache()
-            self.device_train_microbatch_size = math.ceil(current / 2)
-            self.metrics["device_train_microbatch_size"] = self.device_train_microbatch_size
+        def run() -> tuple[State, dict[str, Tensor]]:  # the step, with the model's own draws seeded for it
+            with self._draws.around(self.timestamp.batch, self._cut.first_sample):
+                return step(self.state, self._batch)
+
+        while (result := distributed.attempt_step(run, self.world, self.timestamp.batch, joined)) is None:
+            self._cut = cut = self._cut.halved(self.timestamp.batch, self.static.device)
+            assert cut.microbatch is not None
+            self.metrics["device_train_microbatch_size"] = cut.microbatch
             record = {"kind": "microbatch", "step": self.timestamp.batch}
-            self._log({**record, "device_train_microbatch_size": self.device_train_microbatch_size})
+            self._reporter.log({**record, "device_train_microbatch_size": cut.microbatch})
             step = self._train_step(plan, frozen)
             self._last_step = (plan, self.static, frozen, step)
         self.state, outputs = result
         self._took(outputs)
         return step
-
-    def _run_step(self, step: StepFn) -> Callable[[], tuple[State, dict[str, Tensor]]]:
-        # The step on this process's batch, with the model's own draws seeded for it.
-        def run() -> tuple[State, dict[str, Tensor]]:
-            with self._draws.around(self.timestamp.batch, self._first_sample()):
-                return step(self.state, self._batch)
-
-        return run
 
     def _took(self, outputs: dict[str, Tensor]) -> None:
         # What the loop keeps of a step's outputs: the loss, and the gradients' norms for the callbacks that read them.
@@ -613,12 +526,7 @@ class Trainer:
             self._norms = {name: value for name, value in outputs.items() if name.startswith("l2_norm/")}
 
     def _end_epoch(self) -> None:
-        if self._batches is not None and next(self._batches, None) is not None:
-            raise ValueError(
-                f"train_dataloader yielded more than its length, {self.steps_per_epoch} batches, in epoch "
-                f"{self.timestamp.epoch}: its __len__ must count the batches it yields in an epoch"
-            )
-        self._batches = None
+        self._feed.end_epoch(self.timestamp.epoch)
         self._host_event(Event.EPOCH_END)
 
     def _log_train(self) -> Action | None:
@@ -634,7 +542,7 @@ class Trainer:
                 values = handler(view)
                 record.update(values)
                 self.metrics.update(values)
-        self._log(record)
+        self._reporter.log(record)
         self._reporter.show(loss, record["samples_per_second"])
         return self._stop("train")
 
@@ -649,14 +557,10 @@ class Trainer:
     def _stop(self, where: str) -> Action | None:
         # Stopping algorithms read this check's metrics (and their memory in the state); one that says so ends
         # the run at this batch.
-        stopped_by = None
-        for name, rule in self.run.stoppers:
-            entry, stop = rule(self.state.algos[name], self.metrics, where, self.timestamp)
-            self.state = self.state.with_algo(name, entry)
-            stopped_by = stopped_by or (name if stop else None)
+        self.state, stopped_by = stopping(self.run.stoppers, self.state, self.metrics, where, self.timestamp)
         if stopped_by is None:
             return None
-        self._log({"kind": "stop", "step": self.timestamp.batch, "by": stopped_by})
+        self._reporter.log({"kind": "stop", "step": self.timestamp.batch, "by": stopped_by})
         return Action.STOP
 
     def _evaluate(self, standalone: bool = False) -> dict[str, float]:
@@ -683,7 +587,7 @@ class Trainer:
             return results
         self.metrics.update(results, eval_step=self.timestamp.batch)
         wall_time = self._reporter.wall_time()
-        self._log({"kind": "eval", "step": self.timestamp.batch, "epoch": self.timestamp.epoch, "wall_time": wall_time, **results})
+        self._reporter.log({"kind": "eval", "step": self.timestamp.batch, "epoch": self.timestamp.epoch, "wall_time": wall_time, **results})
         closing = Event.EVAL_STANDALONE_END if standalone else Event.EVAL_AFTER_ALL
         self._host_event(closing)
         return results
@@ -694,7 +598,7 @@ class Trainer:
             evaluator,
             step,
             self.state,
-            self._to_device,
+            self._move,
             loss_fn=self.loss_fn,
             layout=self.options.layout,
             device=self.static.device,
@@ -729,7 +633,7 @@ class Trainer:
         try:
             self._host_event(Event.PREDICT_START)
             step = self._eval_step(self._plan(self.timestamp), predict=True)
-            outputs = predictions(self._setup(), step, lambda: self.state, dataloader, self._to_device, self._host_event)
+            outputs = predictions(self._setup(), step, lambda: self.state, dataloader, self._move, self._host_event)
             self._host_event(Event.PREDICT_END)
         finally:
             module.train()
@@ -738,21 +642,18 @@ class Trainer:
     def _save(self) -> None:
         assert self.save_folder is not None
         if self.world.main:
-            self._write_checkpoint()
+            options = self.options.checkpointing
+            path = save_to_folder(
+                self.save_folder,
+                self.state,
+                self.timestamp,
+                algorithms_to_json(self.algorithms),
+                weights_only=options.weights_only,
+                metadata=dict(options.metadata or {}),
+                keep=options.keep,
+            )
+            self._reporter.log({"kind": "checkpoint", "step": self.timestamp.batch, "path": str(path)})
         self.world.barrier()
-
-    def _write_checkpoint(self) -> None:
-        assert self.save_folder is not None
-        path = save_to_folder(
-            self.save_folder,
-            self.state,
-            self.timestamp,
-            algorithms_to_json(self.algorithms),
-            weights_only=self.options.checkpointing.weights_only,
-            metadata=self._metadata(),
-            keep=self.options.checkpointing.keep,
-        )
-        self._log({"kind": "checkpoint", "step": self.timestamp.batch, "path": str(path)})
 
     def _load(self, load_path: str | Path) -> None:
         self._host_event(Event.BEFORE_LOAD)
@@ -776,9 +677,8 @@ class Trainer:
         """Returns the path written: the current state and timestamp, saved atomically (by rank 0, while the
         other processes wait; every process calls it)."""
         if self.world.main:
-            save_checkpoint(
-                path, self.state, self.timestamp, algorithms_to_json(self.algorithms), metadata=self._metadata()
-            )
+            metadata = dict(self.options.checkpointing.metadata or {})
+            save_checkpoint(path, self.state, self.timestamp, algorithms_to_json(self.algorithms), metadata=metadata)
         self.world.barrier()
         return Path(path)
 

@@ -44,6 +44,23 @@ def runs(draw: st.DrawFn) -> dict[str, object]:
     }
 
 
+def _drained(ticks: object) -> tuple[list[Tick], Timestamp]:
+    seen = []
+    while True:
+        try:
+            seen.append(next(ticks))  # type: ignore[call-overload]
+        except StopIteration as end:
+            return seen, end.value
+
+
+@given(runs(), st.sets(st.sampled_from(list(Event))))
+def test_a_schedule_told_its_events_leaves_out_only_the_others(run: dict, events: set[Event]) -> None:
+    whole, end = _drained(run_schedule(**run))
+    shown, shown_end = _drained(run_schedule(**run, events=events))
+    assert _where(shown) == _where([(what, t) for what, t in whole if isinstance(what, Action) or what in events])
+    assert shown_end == end
+
+
 def _where(ticks: list[Tick]) -> list[tuple[object, int, int, int]]:
     return [(what, t.epoch, t.batch, t.batch_in_epoch) for what, t in ticks]
 
