@@ -129,9 +129,11 @@ def sgd_in_place(
             return state
         trace: Any = state["momentum"]
         counts = [trace.count[n] for n in names]
-        # A parameter's first step copies its gradient into its buffer (torch's ``is_first_step``); parameters
-        # at their first step and the others go to the kernel apart. One host read gives every count.
-        firsts: list[bool] = stacked(counts).eq(0).tolist()
+        # A parameter's first step copies its gradient into its buffer (torch's ``is_first_step``). Without
+        # dampening the buffers' zero start makes it m·0 + g, g exactly: every parameter goes to the kernel at
+        # once, and the counts are not read on the host (no wait for the device). With dampening, parameters at
+        # their first step and the others go apart, from one host read of every count.
+        firsts: list[bool] = [False] * len(names) if dampening == 0.0 else stacked(counts).eq(0).tolist()
         for first in sorted(set(firsts)):
             chosen = [index for index, value in enumerate(firsts) if value == first]
             lists = [param_list, grad_list, [trace.momentum_buffer[n] for n in names]]

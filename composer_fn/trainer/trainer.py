@@ -203,6 +203,7 @@ class Trainer(RunAttributes):
         self._measured: list[str] = []
         self._last_plan: tuple[Timestamp | None, BatchMeta | None, Plan | None] = (None, None, None)
         self._last_step: tuple[Any, ...] = (None, None, None, None)
+        self._fixed_step: StepFn | None = None
         self._unchecked = False
         self._evaluators_checked = False
         self._draws_told = False
@@ -351,6 +352,8 @@ class Trainer(RunAttributes):
             Action.EVALUATE: self._evaluate_in_run,
             Action.SAVE: self._save,
         }
+        for event in self._observed - actions.keys():
+            actions[event] = functools.partial(self._host_event, event)  # the host hooks and callbacks at it
         ticks = run_schedule(
             self.max_steps,
             self.steps_per_epoch,
@@ -389,14 +392,7 @@ class Trainer(RunAttributes):
         try:
             while True:
                 what, self.timestamp = ticks.send(reply)
-                action = actions.get(what)
-                if action is not None:
-                    reply = action()
-                else:
-                    # Every Action has an entry above: what is left are events.
-                    reply = None
-                    if what in self._observed:
-                        self._host_event(what)  # type: ignore[arg-type]
+                reply = actions[what]()
         except StopIteration as end:
             self.timestamp = end.value  # where the schedule ended, past ticks it did not show
         finally:
@@ -446,7 +442,33 @@ class Trainer(RunAttributes):
         return self._step()
 
     def _step(self) -> Progress:
-        timestamp, run, reporter = self.timestamp, self.run, self._reporter
+        timestamp = self.timestamp
+        step = self._fixed_step or self._planned_step(timestamp)
+        began = time.perf_counter()
+        if self._cut.auto:
+            self._fitting_step()
+        else:
+            draws = self._draws
+            saved, completed = draws.enter(timestamp.batch, self._cut.first_sample), False
+            try:
+                self.state, outputs = step(self.state, self._batch)
+                completed = True
+            except RuntimeError as error:
+                raise distributed.explained(error, self.world, timestamp.batch) from error
+            finally:
+                draws.leave(saved, completed)
+            self._took(outputs)
+        self._batch = None
+        meta = self._meta
+        self._reporter.stepped(meta.batch_size)
+        if self._profile is not None:
+            self._profile.step()
+        return Progress(meta.batch_size, meta.tokens, time.perf_counter() - began)
+
+    def _planned_step(self, timestamp: Timestamp) -> StepFn:
+        # The step of this batch's plan and frozen layers; a run without algorithms (whose plan cannot change) and
+        # without 'auto' microbatches keeps its first step.
+        run, reporter = self.run, self._reporter
         plan = self._plan(timestamp, self._meta)
         frozen = frozen_parameters(run.algorithms, timestamp, self.static.module) if run.freezing else frozenset()
         last_plan, last_static, last_frozen, step = self._last_step
@@ -456,28 +478,9 @@ class Trainer(RunAttributes):
             reporter.planned(plan, timestamp.batch)
         if reporter.loggers:
             reporter.switched(timestamp.batch)
-        began = time.perf_counter()
-        if self._cut.auto:
-            step = self._fitting_step(step, plan, frozen)
-        else:
-            draws = self._draws
-            saved, completed = draws.enter(timestamp.batch, self._cut.first_sample), False
-            try:
-                self.state, outputs = step(self.state, self._batch)
-                completed = True
-            except RuntimeError as error:
-                raise distributed.explained(error, run.world, timestamp.batch) from error
-            finally:
-                draws.leave(saved, completed)
-            self._loss = outputs["loss"]
-            if self._step_norms:
-                self._took(outputs)
-        self._batch = None
-        meta = self._meta
-        reporter.stepped(meta.batch_size)
-        if self._profile is not None:
-            self._profile.step()
-        return Progress(meta.batch_size, meta.tokens, time.perf_counter() - began)
+        if not run.algorithms and not self._cut.auto:
+            self._fixed_step = step
+        return step
 
     @property
     def device_train_microbatch_size(self) -> int | None:
@@ -496,9 +499,11 @@ class Trainer(RunAttributes):
             self._draws_told = True
             warnings.warn(cut_draws_warning(type(self.static.module).__name__, self.world.size), stacklevel=4)
 
-    def _fitting_step(self, step: StepFn, plan: Plan, frozen: frozenset[str]) -> StepFn:
+    def _fitting_step(self) -> None:
         # device_train_microbatch_size='auto': a step that runs out of memory on any process is retried by every
         # process from the state before it, with half the microbatch.
+        plan, _, frozen, step = self._last_step
+
         def joined() -> None:
             statistics = norm_statistics(self.static.module)
             failed_contribution(self.state, frozen, statistics, distributed.all_reduce_sum)
@@ -517,7 +522,6 @@ class Trainer(RunAttributes):
             self._last_step = (plan, self.static, frozen, step)
         self.state, outputs = result
         self._took(outputs)
-        return step
 
     def _took(self, outputs: dict[str, Tensor]) -> None:
         # What the loop keeps of a step's outputs: the loss, and the gradients' norms for the callbacks that read them.
