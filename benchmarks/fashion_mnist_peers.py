@@ -240,7 +240,7 @@ COMPOSER_NAMES = {
 
 
 def _recipe(path: Path) -> dict[str, Any]:
-    from composer_fn.recipes import recipe_fields
+    from composer_fn.app.recipes import recipe_fields
 
     return recipe_fields(path)
 
@@ -272,7 +272,7 @@ def ours(
     recipe: Path, folder: Path, epochs: int | None, ratio: float | None, seed: int, threads: int
 ) -> dict[str, float]:
     """Trains the recipe with ``composer-fn train`` in this process; returns its fit wall time and accuracy."""
-    from composer_fn.cli import main
+    from composer_fn.app.cli import main
 
     log = folder / f"ours-{time.monotonic_ns()}.jsonl"
     length = ["--max-duration", f"{epochs}ep"] if epochs else ["--scale-schedule-ratio", str(ratio)]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from composer_fn.cli import main
+from composer_fn.app.cli import main
 
 
 def test_plan_prints_the_schedule_table(capsys) -> None:
@@ -165,7 +165,7 @@ def test_a_missing_dataset_is_one_line_naming_where_it_looked_and_how_to_get_it(
 
 
 def test_the_data_names_are_the_readers() -> None:
-    from composer_fn.cli import DATA
+    from composer_fn.app.cli import DATA
     from composer_fn.data import DATASETS
 
     assert sorted(DATA) == sorted(DATASETS)

@@ -42,8 +42,8 @@ def test_the_whole_public_surface_loads_no_compiler_metrics_scipy_or_torchvision
         # `python -m composer_fn --help`
         "import runpy, sys\nsys.argv = ['composer-fn', '--help']\n"
         "try:\n    runpy.run_module('composer_fn', run_name='__main__')\nexcept SystemExit:\n    pass",
-        # the `composer-fn` console script, `composer_fn.cli:main`
-        "from composer_fn.cli import main\n"
+        # the `composer-fn` console script, `composer_fn.app.cli:main`
+        "from composer_fn.app.cli import main\n"
         "for argv in (['--help'], ['train', '--help'], ['plan', '--help']):\n"
         "    try:\n        main(argv)\n    except SystemExit:\n        pass",
     ],

@@ -20,13 +20,13 @@ import torch
 
 from composer_fn import Trainer, optim
 from composer_fn import random as R
-from composer_fn.cli import ALGORITHMS, _parser, main
+from composer_fn.app.cli import ALGORITHMS, _parser, main
+from composer_fn.app.report import read_run, write_report
 from composer_fn.data import TensorLoader
 from composer_fn.dry_run import dry_run
 from composer_fn.loggers import ConsoleLogger, JSONLLogger, TensorBoardLogger
 from composer_fn.models import MLP
 from composer_fn.profiler import Profiler, summarize
-from composer_fn.report import read_run, write_report
 
 DATA = (R.normal(R.key(0), (16, 2)), R.randint(R.key(1), 0, 2, (16,)))
 

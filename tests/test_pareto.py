@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from composer_fn import pareto
-from composer_fn.cli import main
+from composer_fn.app import pareto
+from composer_fn.app.cli import main
 
 RECIPE = 'task = "digits-mlp"\nbatch_size = 128\n[optimizer]\nname = "sgd"\nlearning_rate = 0.2\n{extra}'
 

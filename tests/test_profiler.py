@@ -13,7 +13,7 @@ import torch
 from composer_fn import Trainer, optim
 from composer_fn import random as R
 from composer_fn.algorithms import LabelSmoothing, MixUp
-from composer_fn.cli import main
+from composer_fn.app.cli import main
 from composer_fn.data import TensorLoader, synthetic_images
 from composer_fn.models import SmallCNN
 from composer_fn.profiler import Profiler, summarize

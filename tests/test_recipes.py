@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from composer_fn.algorithms import LabelSmoothing, MixUp
-from composer_fn.cli import _converters, _parser, main
+from composer_fn.app.cli import _converters, _parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.toml"))
@@ -61,7 +61,7 @@ def test_flags_override_the_fields_and_the_tables_build_what_they_say(tmp_path: 
         "[algorithms.mixup]\nalpha = 0.3\n[algorithms.label_smoothing]\nsmoothing = 0.05\n"
         '[optimizer]\nname = "adamw"\nlearning_rate = 0.001\n',
     )
-    from composer_fn.recipes import load_recipe
+    from composer_fn.app.recipes import load_recipe
 
     loaded = load_recipe(recipe, _converters(_parser()[1]["train"]))
     assert loaded.flags["batch_size"] == 32 and str(loaded.flags["max_duration"]) == "12ep"
@@ -130,7 +130,7 @@ def test_evaluators_of_a_recipe_are_logged_under_their_labels(tmp_path: Path, ca
 
 
 def test_a_recipe_on_a_base_replaces_fields_merges_tables_and_appends_algorithms(tmp_path: Path) -> None:
-    from composer_fn.recipes import load_recipe
+    from composer_fn.app.recipes import load_recipe
 
     (tmp_path / "shared").mkdir()
     (tmp_path / "shared" / "base.toml").write_text(
@@ -148,7 +148,7 @@ def test_a_recipe_on_a_base_replaces_fields_merges_tables_and_appends_algorithms
 
 
 def test_the_record_tables_set_what_the_flags_would_and_a_recipe_over_a_base_replaces_them(tmp_path: Path) -> None:
-    from composer_fn.recipes import load_recipe
+    from composer_fn.app.recipes import load_recipe
 
     converters = _converters(_parser()[1]["train"])
     tables = _write(

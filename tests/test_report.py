@@ -16,11 +16,11 @@ from matplotlib.image import imread
 from composer_fn import Trainer, optim
 from composer_fn import random as R
 from composer_fn.algorithms import LabelSmoothing, SelectiveBackprop
-from composer_fn.cli import main
+from composer_fn.app.cli import main
+from composer_fn.app.report import DPI, HEIGHT, WIDTH, read_run, write_report
 from composer_fn.data import TensorLoader
 from composer_fn.loggers import JSONLLogger
 from composer_fn.models import MLP
-from composer_fn.report import DPI, HEIGHT, WIDTH, read_run, write_report
 from composer_fn.trainer.reporting import Switches
 
 DATA = (R.normal(R.key(0), (64, 6)), R.randint(R.key(1), 0, 3, (64,)))
@@ -134,7 +134,7 @@ def test_a_named_evaluators_metric_is_drawn_when_there_is_no_plain_accuracy(tmp_
         {"kind": "eval", "step": 1, "wall_time": 0.2, "eval/val/f1": 0.5, "eval/val/loss": 0.9},
     ]
     log.write_text("".join(json.dumps(r) + "\n" for r in records))
-    from composer_fn.report import _held_out
+    from composer_fn.app.report import _held_out
 
     assert _held_out([read_run(log)]) == "eval/val/f1"  # no accuracy, no plain loss: the first logged
     assert imread(write_report([log])).shape[:2] == (HEIGHT * DPI, WIDTH * DPI)

@@ -132,7 +132,7 @@ def load_sweep(path: str | os.PathLike[str]) -> Sweep:
     source = Path(path)
     if not source.is_file():
         what = "is a folder" if source.is_dir() else "does not exist"
-        raise SweepError(f"sweep file {str(source)!r} {what}: expected a TOML file (see composer_fn.pareto)")
+        raise SweepError(f"sweep file {str(source)!r} {what}: expected a TOML file (see composer_fn.app.pareto)")
     try:
         import tomllib
     except ModuleNotFoundError:
@@ -142,7 +142,7 @@ def load_sweep(path: str | os.PathLike[str]) -> Sweep:
     except OSError as error:
         raise SweepError(f"sweep file {str(source)!r} cannot be read ({error.strerror or error}): expected a TOML file") from None
     except UnicodeDecodeError:
-        raise SweepError(f"sweep file {str(source)!r} is not text (not UTF-8): expected a TOML file (see composer_fn.pareto)") from None
+        raise SweepError(f"sweep file {str(source)!r} is not text (not UTF-8): expected a TOML file (see composer_fn.app.pareto)") from None
     except tomllib.TOMLDecodeError as error:
         raise SweepError(f"sweep file {str(source)!r} is not valid TOML: {error}") from None
     known = {"recipes", "max_durations", "scale_schedule_ratios", "seeds", "folder", "baseline", "flags"}
@@ -269,7 +269,7 @@ def _write_json(path: Path, value: Any) -> None:
 
 def run_settings(run: RunSpec, flags: dict[str, Any]) -> dict[str, Any]:
     """Returns what the run trains, as JSON values: its recipe's fields (base chain merged), length, seed, flags."""
-    from composer_fn.recipes import recipe_fields
+    from composer_fn.app.recipes import recipe_fields
 
     settings = {"recipe": recipe_fields(run.recipe), "length": run.length, "seed": run.seed, "flags": flags}
     return json.loads(json.dumps(settings, sort_keys=True, default=str))

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
+from composer_fn.app.recipes import OPTIMIZERS, Recipe, RecipeError, load_recipe
 from composer_fn.core import validate
 from composer_fn.core.time import Time, TimeUnit
-from composer_fn.recipes import OPTIMIZERS, Recipe, RecipeError, load_recipe
 
 if TYPE_CHECKING:
     import torch
@@ -443,7 +443,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     pareto = commands.add_parser(
         "pareto", help="run a sweep of recipes x lengths x seeds; write accuracy against wall time (table and PNG)"
     )
-    pareto.add_argument("--config", type=Path, required=True, help="the sweep file (TOML; see composer_fn.pareto)")
+    pareto.add_argument("--config", type=Path, required=True, help="the sweep file (TOML; see composer_fn.app.pareto)")
     pareto.add_argument(
         "--jobs", type=_POSITIVE_INT, default=1, help="runs at once (default %(default)s: the timings share no CPU)"
     )
@@ -752,7 +752,7 @@ def _choice(flag: str, choices: tuple[object, ...]) -> Callable[[str], object]:
 
 
 def _pareto(args: argparse.Namespace) -> int:
-    from composer_fn import pareto
+    from composer_fn.app import pareto
 
     try:
         sweep = pareto.load_sweep(args.config)
@@ -777,7 +777,7 @@ def _pareto(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from composer_fn.report import write_report
+    from composer_fn.app.report import write_report
 
     labels = [label.strip() for label in args.labels.split(",")] if args.labels else []
     try:
