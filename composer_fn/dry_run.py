@@ -16,7 +16,6 @@ from composer_fn.core.passes import DEFAULT_PASSES, Pass
 from composer_fn.core.schedule import Action, run_schedule
 from composer_fn.core.state import BatchMeta
 from composer_fn.core.time import Time, Timestamp, TimeUnit, to_steps
-from composer_fn.trainer.steps import StepSpec
 
 __all__ = ["dry_run", "DryRun", "DryRunRow"]
 
@@ -137,7 +136,7 @@ def dry_run(
     for what, timestamp in run_schedule(total, steps_per_epoch, batch_size=batch_size):
         if what is Action.STEP:
             plan = make_plan(algorithms, passes, timestamp, meta=meta)
-            step_keys.add(StepSpec(None, plan.step_key))
+            step_keys.add(plan.step_key)
             diagnostics.extend(plan.diagnostics)
             names: _Names = tuple((e, plan.names(e)) for e in TRAIN_STEP_EVENTS)
         elif isinstance(what, Event):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields, replace
 from enum import Enum
 from typing import Any
 
-from composer_fn.core.validate import is_integer, is_real
+from composer_fn.core._scalars import is_integer, is_real
 
 __all__ = ["TimeUnit", "Time", "Timestamp", "elapsed", "to_steps"]
 

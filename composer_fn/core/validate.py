@@ -4,38 +4,21 @@ the argument, the value given and what is accepted.
 ``integer`` and ``real`` accept any ``numbers.Integral``/``numbers.Real`` (NumPy's and Python's scalars alike,
 and a 0-dimensional integer or floating tensor's ``.item()`` is one of those) and refuse ``bool`` and ``numpy.bool_``
 (never meant as a count or a rate); ``integer`` returns an ``int``, ``real`` a ``float``; ``time`` parses Composer's
-time strings.
+time strings. ``is_integer`` and ``is_real`` are the predicates ``core.time`` also reads (``core._scalars``).
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Collection
-from typing import TYPE_CHECKING, TypeGuard, TypeVar
+from typing import TypeVar
 
-if TYPE_CHECKING:
-    from composer_fn.core.time import Time, TimeUnit
+from composer_fn.core._scalars import is_bool, is_integer, is_real
+from composer_fn.core.time import Time, TimeUnit
 
 __all__ = ["is_integer", "is_real", "integer", "real", "probability", "flag", "batch_key", "choice", "time"]
 
 _C = TypeVar("_C")
-
-
-def _is_bool(value: object) -> bool:
-    # NumPy's bool scalar type is ``numpy.bool`` (``numpy.bool_`` before NumPy 2).
-    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"))
-
-
-def is_integer(value: object) -> TypeGuard[int]:
-    """Returns whether ``value`` is an integer (``int``, ``numpy.int64``, any ``numbers.Integral``) and not a bool."""
-    return type(value) is int or (isinstance(value, numbers.Integral) and not _is_bool(value))
-
-
-def is_real(value: object) -> TypeGuard[int | float]:
-    """Returns whether ``value`` is a real number (``float``, ``numpy.float32``, any ``numbers.Real``) and not a bool
-    (finite or not)."""
-    return type(value) is float or type(value) is int or (isinstance(value, numbers.Real) and not _is_bool(value))
 
 
 def _number(value: float) -> str:
@@ -95,7 +78,7 @@ def probability(argument: str, value: object, *, hint: str = "") -> float:
 
 def flag(argument: str, value: object) -> bool:
     """Returns ``value`` as a bool if it is a ``bool`` or a ``numpy.bool_``; raises TypeError otherwise."""
-    if not _is_bool(value):
+    if not is_bool(value):
         raise TypeError(f"{argument}={value!r} must be True or False")
     return bool(value)
 
@@ -124,8 +107,6 @@ def time(
     With ``number_unit``, a bare non-negative number counts in that unit (``0.1`` as ``0.1dur``). Raises
     ValueError naming the argument, the value, the accepted units and ``example`` otherwise.
     """
-    from composer_fn.core.time import Time
-
     parsed: Time | None = None
     try:
         if isinstance(value, Time | str):

@@ -19,6 +19,7 @@ from composer_fn.core.engine import Plan
 from composer_fn.core.event import TRAIN_STEP_EVENTS, Event
 from composer_fn.core.state import Static
 from composer_fn.core.time import Time, TimeUnit
+from composer_fn.dry_run import dry_run
 from composer_fn.loggers.base import Logger
 from composer_fn.trainer.build import Run
 
@@ -200,8 +201,6 @@ def hparams_record(run: Run, static: Static) -> dict[str, Any]:
 def schedule_table(run: Run) -> str:
     """Returns the plan of ``run``'s start as ``composer-fn plan`` prints it: after ``SCHEDULE_STEPS``, ``plan``
     records say as the run goes where algorithms switch on and off."""
-    from composer_fn.dry_run import dry_run
-
     steps = min(run.max_steps, SCHEDULE_STEPS)
     table = dry_run(run.algorithms, Time(steps, TimeUnit.BATCH), run.steps_per_epoch, passes=run.passes).format()
     if steps < run.max_steps:

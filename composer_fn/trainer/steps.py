@@ -1,8 +1,9 @@
 """Which step a run trains with: ``StepSpec`` names everything that shapes a training step, and ``StepCache``
 builds each distinct one once.
 
-The trainer, the contract suite (``composer_fn.testing.contract``) and ``dry_run`` all decide "which step" by a
-``StepSpec``; a cache belongs to one run, whose loss, optimizer and batch layout (``StepBuilder``) are fixed.
+The trainer and the contract suite (``composer_fn.testing.contract``) decide "which step" by a ``StepSpec``
+(``dry_run``, which knows only the plans, counts their ``Plan.step_key``, the part of the spec a plan decides); a
+cache belongs to one run, whose loss, optimizer and batch layout (``StepBuilder``) are fixed.
 """
 
 from __future__ import annotations
@@ -27,22 +28,22 @@ class StepSpec:
     """Everything that shapes a training step besides the run's loss, optimizer and batch layout: two steps of
     one run with equal specs are the same function.
 
-    ``static`` is the model's structure and the run's precision and device (None where only the plan is known,
-    as in ``dry_run``); ``step_key`` the plan's traced events and plan keys (``Plan.step_key``); ``frozen`` the
-    parameters that get neither gradient nor update (layer freezing); ``microbatch_size`` the size of the pieces
-    the step cuts its batch into (None: it does not cut it); ``first_sample`` this process's first sample's
-    place in the global batch; ``processes`` how many processes sum their gradients; ``units_scale`` the weight
-    unit of the default loss's labelled positions; ``donate`` whether an eager step may update the state's
-    tensors in place; ``guard_failures`` whether a step that runs out of memory on one process tells the others;
-    ``norms`` whether it reports the gradients' norms; ``reseed`` whether the model's own draws are reseeded per
-    microbatch (eager; a compiled graph draws its seeds once); ``compile`` the ``torch.compile`` backend or None.
+    ``static`` is the model's structure and the run's precision and device; ``step_key`` the plan's traced events
+    and plan keys (``Plan.step_key``); ``frozen`` the parameters that get neither gradient nor update (layer
+    freezing); ``microbatch_size`` the size of the pieces the step cuts its batch into (None: it does not cut it);
+    ``first_sample`` this process's first sample's place in the global batch; ``processes`` how many processes sum
+    their gradients; ``units_scale`` the weight unit of the default loss's labelled positions; ``donate`` whether
+    an eager step may update the state's tensors in place; ``guard_failures`` whether a step that runs out of
+    memory on one process tells the others; ``norms`` whether it reports the gradients' norms; ``reseed`` whether
+    the model's own draws are reseeded per microbatch (eager; a compiled graph draws its seeds once); ``compile``
+    the ``torch.compile`` backend or None.
 
     Where the run computes its gradients by ``torch.func`` (``grad_mode='func'``), the parameters its loss never
     reaches are found when the step is built, on the batch at hand (``StepCache.train_step``'s ``unused``), and
     leave the spec as it is.
     """
 
-    static: Static | None
+    static: Static
     step_key: Hashable
     frozen: frozenset[str] = frozenset()
     grad_mode: GradMode = "autograd"
@@ -79,7 +80,6 @@ class StepBuilder:
         """Returns the training step ``spec`` names, for ``plan`` (whose ``step_key`` is the spec's), compiled with
         ``backend`` when the spec has a ``compile`` backend. ``unused`` names the parameters the loss does not reach
         (a ``func``-mode step cannot tell them from ones with a zero gradient): they are left as frozen ones are."""
-        assert spec.static is not None
         summed = spec.processes > 1
         step = make_train_step(
             spec.static,
