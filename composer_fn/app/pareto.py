@@ -166,13 +166,12 @@ def load_sweep(path: str | os.PathLike[str]) -> Sweep:
     lengths = table["scale_schedule_ratios" if by_ratio else "max_durations"]
     if by_ratio:
         valid = isinstance(lengths, list) and lengths and all(
-            isinstance(r, int | float) and not isinstance(r, bool) and 0 < r and math.isfinite(r) for r in lengths
+            validate.is_real(r) and 0 < r and math.isfinite(r) for r in lengths
         )
         if not valid:
             raise SweepError(f"{source}: scale_schedule_ratios={lengths!r}: expected a non-empty list of numbers > 0")
         texts = tuple(repr(float(r)) for r in lengths)
     else:
-        from composer_fn.core import validate
         from composer_fn.core.time import TimeUnit
 
         if not isinstance(lengths, list) or not lengths:
@@ -184,7 +183,7 @@ def load_sweep(path: str | os.PathLike[str]) -> Sweep:
             raise SweepError(f"{source}: {error}") from None
         texts = tuple(lengths)
     seeds = table.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+    if not isinstance(seeds, list) or not seeds or not all(validate.is_integer(s) and s >= 0 for s in seeds):
         raise SweepError(f"{source}: seeds={seeds!r}: expected a non-empty list of whole numbers >= 0")
     baseline = table.get("baseline", stems[0])
     if baseline not in stems:

@@ -16,7 +16,7 @@ from typing import TypeVar
 from composer_fn.core._scalars import is_bool, is_integer, is_real
 from composer_fn.core.time import Time, TimeUnit
 
-__all__ = ["is_integer", "is_real", "integer", "real", "probability", "flag", "batch_key", "choice", "time"]
+__all__ = ["is_bool", "is_integer", "is_real", "integer", "real", "probability", "flag", "batch_key", "choice", "time"]
 
 _C = TypeVar("_C")
 

@@ -28,7 +28,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from composer_fn.core.random import key
-from composer_fn.core.validate import flag, integer
+from composer_fn.core.validate import flag, integer, is_integer
 from composer_fn.data.digits import HELDOUT_EVERY
 from composer_fn.data.images import DatasetNotFoundError, histogram_statistics, pixel_tables, pixels_to_float
 from composer_fn.data.loader import _rank_and_world_size, epoch_order, rank_slice
@@ -429,14 +429,10 @@ def _samples(dataset: Any) -> list[tuple[str, int]]:
 def _image_size(image_size: object) -> tuple[int, int] | None:
     if image_size is None:
         return None
-    if isinstance(image_size, int) and not isinstance(image_size, bool) and image_size >= 1:
-        return (image_size, image_size)
-    if (
-        isinstance(image_size, tuple | list)
-        and len(image_size) == 2
-        and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in image_size)
-    ):
-        return (image_size[0], image_size[1])
+    if is_integer(image_size) and image_size >= 1:
+        return (int(image_size), int(image_size))
+    if isinstance(image_size, tuple | list) and len(image_size) == 2 and all(is_integer(s) and s >= 1 for s in image_size):
+        return (int(image_size[0]), int(image_size[1]))
     raise ValueError(f"image_size={image_size!r} must be None, an int >= 1 or a (height, width) pair of them")
 
 

@@ -112,8 +112,8 @@ def plain_metadata(value: object, where: str = "save_metadata") -> Any:
     the entry (``save_metadata['model']``) that a checkpoint read with ``weights_only`` could not hold."""
     if value is None or isinstance(value, str | bool):
         return value
-    if type(value).__name__ == "bool_":
-        return bool(value)  # type: ignore[arg-type]
+    if validate.is_bool(value):
+        return bool(value)
     if validate.is_integer(value):
         return int(value)
     if validate.is_real(value):
@@ -121,9 +121,9 @@ def plain_metadata(value: object, where: str = "save_metadata") -> Any:
     if isinstance(value, Mapping):
         plain = {}
         for key, item in value.items():
-            if not isinstance(key, str | int) or isinstance(key, bool):
+            if not (isinstance(key, str) or validate.is_integer(key)):
                 raise TypeError(f"{where} has the key {key!r}: expected strings (or ints) as keys")
-            plain[key] = plain_metadata(item, f"{where}[{key!r}]")
+            plain[key if isinstance(key, str) else int(key)] = plain_metadata(item, f"{where}[{key!r}]")
         return plain
     if isinstance(value, list | tuple):
         items = [plain_metadata(item, f"{where}[{index}]") for index, item in enumerate(value)]

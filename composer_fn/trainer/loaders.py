@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
 from composer_fn.core.state import BatchMeta
+from composer_fn.core.validate import is_integer
 
 __all__ = ["EpochAware", "Resumable", "GloballyCounted", "Batched", "epoch_batches", "global_meta", "declared_batch_size"]
 
@@ -73,4 +74,4 @@ def global_meta(loader: Iterable[Any], meta: BatchMeta, batch: int, processes: i
 def declared_batch_size(loader: object) -> int | None:
     """Returns a process's batch as ``loader`` declares it (``Batched``), or None where it declares none."""
     size = loader.batch_size if isinstance(loader, Batched) else None
-    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+    return int(size) if is_integer(size) and size > 0 else None

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from composer_fn import CutMix, EarlyStopper, Evaluator, MixUp, Trainer, optim
+from composer_fn import Checkpointing, CutMix, EarlyStopper, Evaluator, MixUp, Trainer, optim
 from composer_fn import random as R
 from composer_fn.callbacks import NaNMonitor, SpeedMonitor
 from composer_fn.data import TensorLoader, synthetic_images
@@ -83,3 +83,9 @@ def test_a_numpy_number_in_an_algorithm_is_held_as_the_python_number_of_its_valu
     mixup = MixUp(alpha=np.float32(0.2))
     assert type(mixup.alpha) is float and mixup == MixUp(alpha=float(np.float32(0.2)))
     assert json.dumps(mixup.to_config())
+
+
+def test_numpy_bools_and_integers_in_the_checkpoint_metadata_are_held_as_python_values() -> None:
+    metadata = Checkpointing(metadata={"augment": np.True_, "sizes": {np.int64(1): np.int64(28)}}).metadata
+    assert metadata == {"augment": True, "sizes": {1: 28}}
+    assert type(metadata["augment"]) is bool and [type(size) for size in metadata["sizes"]] == [int]
