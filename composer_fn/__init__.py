@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,6 +22,7 @@ if TYPE_CHECKING:
     from composer_fn.algorithms import *  # noqa: F403 (the records, as algorithms.__all__ lists them)
     from composer_fn.core import random as random
     from composer_fn.core.algorithm import Algorithm as Algorithm
+    from composer_fn.core.dry_run import dry_run as dry_run
     from composer_fn.core.engine import make_plan as make_plan
     from composer_fn.core.engine import run_event as run_event
     from composer_fn.core.event import Event as Event
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
     from composer_fn.core.time import Time as Time
     from composer_fn.core.time import Timestamp as Timestamp
     from composer_fn.core.time import TimeUnit as TimeUnit
-    from composer_fn.dry_run import dry_run as dry_run
     from composer_fn.export import export_model as export_model
     from composer_fn.trainer import BatchLayout as BatchLayout
     from composer_fn.trainer import Checkpointing as Checkpointing
@@ -62,7 +60,7 @@ _ORIGINS: dict[str, str] = {
     "TimeUnit": "composer_fn.core.time",
     "Timestamp": "composer_fn.core.time",
     "Trainer": "composer_fn.trainer",
-    "dry_run": "composer_fn.dry_run",
+    "dry_run": "composer_fn.core.dry_run",
     "export_model": "composer_fn.export",
     "load_model": "composer_fn.trainer",
     "make_plan": "composer_fn.core.engine",
@@ -133,15 +131,3 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     """Returns the names loaded so far and every public name."""
     return sorted(set(globals()) | set(_NAMES) | set(_algorithm_names()))
-
-
-class _Package(types.ModuleType):
-    def __setattr__(self, name: str, value: Any) -> None:
-        # Importing the submodule composer_fn.dry_run binds it here under its name, which is the public name of
-        # its function.
-        if name == "dry_run" and isinstance(value, types.ModuleType):
-            value = value.dry_run
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

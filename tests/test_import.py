@@ -56,7 +56,7 @@ def test_the_command_answers_help_without_importing_torch(code: str) -> None:
 def test_every_public_name_is_the_object_its_module_defines() -> None:
     code = (
         "import importlib\n"
-        "from composer_fn.dry_run import dry_run\n"  # the submodule first: the public name stays the function
+        "from composer_fn.core.dry_run import dry_run\n"  # its module first: the public name is the function
         "import composer_fn\n"
         "assert composer_fn.dry_run is dry_run\n"
         "assert set(composer_fn.algorithms.__all__) <= set(composer_fn.__all__)\n"

@@ -22,8 +22,8 @@ from composer_fn import Trainer, optim
 from composer_fn import random as R
 from composer_fn.app.cli import ALGORITHMS, _parser, main
 from composer_fn.app.report import read_run, write_report
+from composer_fn.core.dry_run import dry_run
 from composer_fn.data import TensorLoader
-from composer_fn.dry_run import dry_run
 from composer_fn.loggers import ConsoleLogger, JSONLLogger, TensorBoardLogger
 from composer_fn.models import MLP
 from composer_fn.profiler import Profiler, summarize

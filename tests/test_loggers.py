@@ -118,7 +118,7 @@ def test_loggers_receive_every_record_in_order_even_when_the_run_fails() -> None
 
 def test_the_plan_is_logged_once_at_the_start_as_the_plan_command_prints_it(tmp_path: Path) -> None:
     from composer_fn.algorithms import LabelSmoothing, MixUp
-    from composer_fn.dry_run import dry_run
+    from composer_fn.core.dry_run import dry_run
 
     algorithms = [MixUp(), LabelSmoothing(0.1)]
     memory, stream = InMemoryLogger(), io.StringIO()

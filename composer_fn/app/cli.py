@@ -707,7 +707,7 @@ def _warmup(max_duration: Time) -> str:
 
 
 def _plan(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
-    from composer_fn.dry_run import dry_run
+    from composer_fn.core.dry_run import dry_run
 
     data = _prepare(args, _wants_unit_range(algorithms))
     batch_size = data.batch_size

@@ -1,1 +1,2 @@
-"""Pure records and functions: time, events, keys, state, the algorithm contract, passes and the engine."""
+"""Pure records and functions: time, events, keys, state, the algorithm contract, passes, the engine, the run
+schedule and its dry run, argument checks."""

@@ -4,7 +4,7 @@
 ``Event`` (the trainer runs its host hooks and callbacks) or an ``Action`` (the trainer's own work: the traced
 step, logging, evaluation, a checkpoint). The consumer reports each batch's ``Progress`` by ``send`` at
 ``Action.STEP`` (a plain ``for`` loop sends nothing: each batch then counts ``batch_size`` samples).
-``Trainer.fit``, ``composer_fn.dry_run`` and the contract suite all drive it, so they cannot disagree.
+``Trainer.fit``, ``composer_fn.core.dry_run`` and the contract suite all drive it, so they cannot disagree.
 """
 
 from __future__ import annotations

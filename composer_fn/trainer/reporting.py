@@ -15,11 +15,11 @@ from typing import Any
 
 from tqdm import tqdm
 
+from composer_fn.core.dry_run import dry_run
 from composer_fn.core.engine import Plan
 from composer_fn.core.event import TRAIN_STEP_EVENTS, Event
 from composer_fn.core.state import Static
 from composer_fn.core.time import Time, TimeUnit
-from composer_fn.dry_run import dry_run
 from composer_fn.loggers.base import Logger
 from composer_fn.trainer.build import Run
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from composer_fn.algorithms import ProgressiveResizing
 from composer_fn.core import random as R
+from composer_fn.core.dry_run import dry_run
 from composer_fn.data import TensorLoader, synthetic_images
-from composer_fn.dry_run import dry_run
 from composer_fn.functional import pinned_size, progressive_scale, resize_batch
 from composer_fn.models import SmallCNN
 from composer_fn.optim import sgd

@@ -17,11 +17,11 @@ from composer_fn.algorithms.seq_length_warmup import (
 )
 from composer_fn.core import random as R
 from composer_fn.core.algorithm import algorithm_from_config
+from composer_fn.core.dry_run import dry_run
 from composer_fn.core.engine import make_plan, run_event
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, StepCtx
 from composer_fn.core.time import Time, Timestamp, TimeUnit
-from composer_fn.dry_run import dry_run
 from composer_fn.testing import CHECKS, check_compiled_matches_eager
 from composer_fn.testing.settings import settings_for
 

@@ -14,11 +14,11 @@ from torch import nn
 
 from composer_fn.core import random as rng
 from composer_fn.core.algorithm import Algorithm, Capabilities, Hook, HostHook
+from composer_fn.core.dry_run import DryRun, dry_run
 from composer_fn.core.engine import Plan, make_plan, run_event, run_host_event
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx
 from composer_fn.core.time import Timestamp
-from composer_fn.dry_run import DryRun, dry_run
 
 # ----------------------------------------------------------------------------------------------- test algorithms
 
