@@ -5,8 +5,9 @@ The public surface: ``Trainer``; the records ``State``, ``StepCtx``, ``Static``;
 
 Each name is imported on first use, so ``import composer_fn`` alone loads neither torch nor any algorithm and the
 ``composer-fn`` command answers ``--help`` at once. The algorithm registry
-(``composer_fn.core.algorithm.REGISTRY``) fills when ``composer_fn.algorithms``, an algorithm record or the
-trainer is first imported.
+(``composer_fn.core.algorithm.REGISTRY``) fills when ``composer_fn.algorithms`` or an algorithm record is first
+imported, when this package first gives one of the trainer's names (``Trainer``, ``load_model``, ...), and when
+the trainer reads the algorithms a checkpoint names.
 """
 
 from __future__ import annotations
@@ -118,6 +119,9 @@ def __getattr__(name: str) -> Any:
         value: Any = importlib.import_module(_MODULES[name])
     elif name in _ORIGINS:
         value = getattr(importlib.import_module(_ORIGINS[name]), name)
+        if _ORIGINS[name] == "composer_fn.trainer":
+            # A trainer may resume from a checkpoint that names any algorithm.
+            importlib.import_module("composer_fn.algorithms")
     elif name[:1].isupper() and name in _algorithm_names():
         value = getattr(importlib.import_module("composer_fn.algorithms"), name)
     elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:

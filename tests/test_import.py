@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,6 +89,19 @@ def test_the_trainer_registers_every_algorithm_that_a_checkpoint_may_name() -> N
         "assert registered == len(composer_fn.algorithms.__all__) == len(REGISTRY), registered\n"
     )
     assert "composer_fn.trainer" in modules_after(code)
+
+
+def test_the_trainer_loads_no_algorithm_until_it_reads_a_checkpoint_that_names_them() -> None:
+    stored = Path(__file__).parent / "trainer" / "checkpoints" / "digits-blurpool-ema-adamw-ep0-ba6.pt"
+    code = (
+        "import sys\n"
+        "from composer_fn.trainer import Trainer, load_model\n"
+        "from composer_fn.models import SmallCNN\n"
+        "assert not [name for name in sys.modules if name.startswith('composer_fn.algorithms')]\n"
+        f"model = load_model({str(stored)!r}, SmallCNN(1, 10, width=8))\n"
+        "assert 'BlurConv2d' in {type(part).__name__ for part in model.modules()}\n"
+    )
+    assert "composer_fn.algorithms" in modules_after(code)
 
 
 def test_an_algorithm_named_before_any_is_registered_is_refused_saying_what_to_import() -> None:

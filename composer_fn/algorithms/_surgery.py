@@ -47,7 +47,6 @@ __all__ = [
     "module_with_tensors",
     "module_tensors",
     "replace_modules",
-    "shared_copy",
     "warn_nothing_to_replace",
     "replaced",
     "matching_modules",
@@ -96,16 +95,6 @@ def _tensor_slots(module: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
     return slots
 
 
-def shared_copy(module: nn.Module) -> nn.Module:
-    """Returns a copy of ``module``'s structure that holds ``module``'s own parameters and buffers (not copies).
-
-    For building replacements: ``replace_modules`` moves the tensors of its input that a replacement holds
-    onto its copy, so a replacement made of ``shared_copy`` parts keeps every tie its layer had.
-    """
-    memo: dict[int, object] = {id(t): t for t in [*module.parameters(), *module.buffers()]}
-    return copy.deepcopy(module, memo)
-
-
 def module_tensors(module: nn.Module) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Returns detached clones of ``module``'s parameters and buffers by qualified name."""
     params = {name: p.detach().clone() for name, p in module.named_parameters()}
@@ -133,7 +122,7 @@ def replace_modules(module: nn.Module, replacements: Mapping[str, nn.Module]) ->
     A submodule registered under several names is replaced under all of them, so nothing of it stays behind.
     The replacement modules are placed as given (not copied), except that the modules, parameters and buffers
     of ``module`` they hold are swapped for the copy's: a replacement may wrap the layer it replaces, or share
-    its weight (see ``shared_copy``), and tied weights stay tied.
+    its weight (see ``composer_fn.nn.shared_copy``), and tied weights stay tied.
     """
     memo: dict[int, object] = {}
     copied = copy.deepcopy(module, memo)

@@ -25,11 +25,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from composer_fn.algorithms._surgery import check_model, shared_copy, warn_nothing_to_replace
+from composer_fn.algorithms._surgery import check_model, warn_nothing_to_replace
 from composer_fn.core.algorithm import Algorithm, HostHook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static
 from composer_fn.core.time import Timestamp
+from composer_fn.nn.sharing import shared_copy
 from composer_fn.optim.base import contiguous_strides
 
 __all__ = [

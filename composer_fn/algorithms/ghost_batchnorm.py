@@ -34,12 +34,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composer_fn.algorithms._no_op import warn_changes_nothing
-from composer_fn.algorithms._surgery import SURGERY_LAYERS, Surgery, matching_modules, replaced, shared_copy
+from composer_fn.algorithms._surgery import SURGERY_LAYERS, Surgery, matching_modules, replaced
 from composer_fn.core import validate
 from composer_fn.core.algorithm import HostHook, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static
 from composer_fn.core.time import Timestamp
+from composer_fn.nn.sharing import shared_copy
 
 __all__ = [
     "GhostBatchNorm",

@@ -32,10 +32,10 @@ from composer_fn.algorithms._surgery import (
     check_model,
     matching_modules,
     replaced,
-    shared_copy,
 )
 from composer_fn.core.algorithm import register
 from composer_fn.core.state import PRECISIONS
+from composer_fn.nn.sharing import shared_copy
 
 __all__ = [
     "LPGroupNorm",

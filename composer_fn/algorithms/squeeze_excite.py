@@ -18,11 +18,12 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from composer_fn.algorithms._surgery import SURGERY_LAYERS, Surgery, matching_modules, replaced, shared_copy
+from composer_fn.algorithms._surgery import SURGERY_LAYERS, Surgery, matching_modules, replaced
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
 from composer_fn.nn import init_parameters
+from composer_fn.nn.sharing import shared_copy
 
 __all__ = [
     "SqueezeExcite",

@@ -1,7 +1,5 @@
 """The imperative shell: the training loop, the step builders and checkpoint files."""
 
-# Registers every algorithm: a checkpoint names the surgeries it records, and resuming rebuilds them by name.
-import composer_fn.algorithms  # noqa: F401
 from composer_fn.trainer.checkpoint import load_checkpoint, save_checkpoint
 from composer_fn.trainer.evaluator import Evaluator
 from composer_fn.trainer.model import load_model

@@ -49,6 +49,7 @@ __all__ = [
     "save_to_folder",
     "resume_run",
     "checkpoint_algorithms",
+    "recorded_algorithms",
     "with_recorded_surgeries",
     "Checkpoint",
     "FORMAT_VERSION",
@@ -280,6 +281,17 @@ def checkpoint_algorithms(path: str | os.PathLike[str], *, argument: str = "load
     return algorithms
 
 
+def recorded_algorithms(configs: str) -> tuple[Algorithm, ...]:
+    """Returns the algorithms that ``configs`` (a checkpoint's JSON configs, ``algorithms_to_json``) names.
+
+    A checkpoint may name any built-in algorithm, so the built-in ones are registered here, where names are read,
+    rather than whenever the trainer is imported.
+    """
+    import composer_fn.algorithms  # noqa: F401
+
+    return algorithms_from_json(configs)
+
+
 def load_checkpoint(
     path: str | os.PathLike[str],
     template: State,
@@ -393,7 +405,7 @@ def with_recorded_surgeries(
     A checkpoint of a rewritten model holds the rewritten structure's tensors: a trainer given only the plain
     model (and no other algorithms) re-applies the recorded surgeries, in their order, before loading.
     """
-    recorded = algorithms_from_json(checkpoint_algorithms(load_path, argument=argument))
+    recorded = recorded_algorithms(checkpoint_algorithms(load_path, argument=argument))
     missing = [a for a in recorded if a not in given]
     rewrites = all(a.capabilities().rewrites is not None for a in missing)
     if missing and rewrites and all(a in recorded for a in given):

@@ -19,14 +19,14 @@ import torch
 from torch import Tensor, nn
 
 from composer_fn.core import random as R
-from composer_fn.core.algorithm import Algorithm, algorithms_from_json
+from composer_fn.core.algorithm import Algorithm
 from composer_fn.core.engine import check_surgery_conflicts, make_plan, run_host_event
 from composer_fn.core.event import Event
 from composer_fn.core.passes import DEFAULT_PASSES, Pass
 from composer_fn.core.state import State, Static, initial_state
 from composer_fn.core.time import Time, Timestamp, TimeUnit
 from composer_fn.optim.base import in_layout_of
-from composer_fn.trainer.checkpoint import read_checkpoint, unflatten_tree
+from composer_fn.trainer.checkpoint import read_checkpoint, recorded_algorithms, unflatten_tree
 
 __all__ = ["module_with", "evaluation_state", "load_model"]
 
@@ -125,7 +125,7 @@ def load_model(
         raise TypeError(f"model of type {type(model).__name__}: expected the untrained torch.nn.Module the run started from")
     target = torch.device(device) if device is not None else torch.device("cpu")
     payload = read_checkpoint(checkpoint, target, argument="checkpoint")
-    algorithms = algorithms_from_json(payload["algorithms"])
+    algorithms = recorded_algorithms(payload["algorithms"])
     check_surgery_conflicts(algorithms, model)
     structure = copy.deepcopy(model).to(target).train()
     max_duration = payload.get("max_duration")

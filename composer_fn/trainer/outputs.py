@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composer_fn.core.state import LossFn, batch_get, batch_target, held_logits
+from composer_fn.nn.sharing import shared_copy
 
 __all__ = [
     "AUXILIARY_WEIGHTS",
@@ -109,8 +110,6 @@ def settle_loss_function(module: nn.Module) -> nn.Module:
 
     if not any(unsettled(part) for part in module.modules()):
         return module
-    from composer_fn.algorithms._surgery import shared_copy  # noqa: PLC0415 (only for transformers models)
-
     settled = shared_copy(module)
     # Resolving it logs "`loss_type=None` was set in the config but it is unrecognized" for every part whose
     # class name names no loss (GPT-2's head, the base model inside a classifier), although nothing was set:
