@@ -1,4 +1,4 @@
-"""The warning a method gives when its settings make it change nothing, pointed at the user's own line."""
+"""The warnings a method gives when it changes nothing, pointed at the user's own line."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import os
 import sys
 import warnings
 
-__all__ = ["warn_changes_nothing"]
+from composer_fn.core.algorithm import Algorithm, ChangesNothing
+
+__all__ = ["warn_changes_nothing", "warn_changes_nothing_here", "warn_at_user"]
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,10 +30,21 @@ def _outside_package() -> int:
     return level
 
 
-def warn_changes_nothing(message: str) -> None:
-    """Warns (``UserWarning``) with ``message``, which names the setting and says why the method changes nothing.
+def warn_at_user(warning: str | Warning) -> None:
+    """Warns with ``warning`` (a message: a ``UserWarning``), pointed at the first line outside this package: the
+    user's construction of the method, the user's ``Trainer(...)`` or ``fit`` call for a check made on the run."""
+    warnings.warn(warning, UserWarning, stacklevel=_outside_package())
 
-    The warning points at the first line outside this package: the user's construction of the method, or the
-    user's ``fit`` call for a check made when the first batch is seen.
-    """
-    warnings.warn(message, UserWarning, stacklevel=_outside_package())
+
+def warn_changes_nothing(record: Algorithm) -> None:
+    """Warns (``UserWarning``) with ``record.changes_nothing()`` when it gives a reason: the record's settings make
+    it change nothing. Records call it once they are checked, so the warning points at the user's construction."""
+    reason = record.changes_nothing()
+    if reason is not None:
+        warn_at_user(reason)
+
+
+def warn_changes_nothing_here(algorithm: str, message: str) -> None:
+    """Warns ``ChangesNothing(message, algorithm)``: the method of class name ``algorithm`` found on the run (at INIT,
+    at the first batch, at the run's length) that it changes nothing there; ``message`` names the setting and why."""
+    warn_at_user(ChangesNothing(message, algorithm))

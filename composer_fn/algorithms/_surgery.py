@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from composer_fn.core import random as R
-from composer_fn.core.algorithm import Algorithm, Capabilities, HostHook
+from composer_fn.core.algorithm import Algorithm, Capabilities, ChangesNothing, HostHook
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static
 from composer_fn.core.time import Timestamp
@@ -182,14 +182,14 @@ def _onto_copy(replacement: nn.Module, memo: Mapping[int, object]) -> nn.Module:
 
 
 def warn_nothing_to_replace(method: str, looks_for: str, model: nn.Module, *, stacklevel: int = 3) -> None:
-    """Warns (``UserWarning``) that the surgery ``method`` found none of ``looks_for`` in ``model`` to replace.
+    """Warns (``ChangesNothing`` about ``method``, the surgery's class name) that the surgery found none of
+    ``looks_for`` in ``model`` to replace.
 
     Every surgery says so the same way when a model has neither the layers it looks for nor layers it already
     rewrote; the model comes back as an unchanged copy.
     """
     warnings.warn(
-        f"{method} found no {looks_for} in {type(model).__name__}, so it changes nothing",
-        UserWarning,
+        ChangesNothing(f"{method} found no {looks_for} in {type(model).__name__}, so it changes nothing", method),
         stacklevel=stacklevel,
     )
 

@@ -280,17 +280,21 @@ class ColOut(BatchTransform):
         _check_resize_target(self.resize_target)
         validate.batch_key("input_key", self.input_key)
         validate.batch_key("target_key", self.target_key)
-        if self.p_row == 0 and self.p_col == 0:
-            warn_changes_nothing(
-                "ColOut(p_row=0, p_col=0) changes nothing: no row and no column is dropped; use p_row or p_col "
-                "above 0 (Composer's default is 0.15) or leave ColOut out"
-            )
+        warn_changes_nothing(self)
         if not self.batch:
             raise ValueError(
                 "ColOut(batch=False) would add a transform to the dataset, which an algorithm cannot do here: "
                 f"add ColOutTransform(p_row={self.p_row!r}, p_col={self.p_col!r}, "
                 f"resize_target={self.resize_target!r}, seed=...) to your dataset's transforms instead"
             )
+
+    def changes_nothing(self) -> str | None:
+        if self.p_row == 0 and self.p_col == 0:
+            return (
+                "ColOut(p_row=0, p_col=0) changes nothing: no row and no column is dropped; use p_row or p_col "
+                "above 0 (Composer's default is 0.15) or leave ColOut out"
+            )
+        return None
 
     def host_hooks(self) -> Mapping[Event, HostHook]:
         return {**super().host_hooks(), Event.INIT: self._check_model, Event.BATCH_START: self._check_size}

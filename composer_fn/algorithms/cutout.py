@@ -225,12 +225,16 @@ class CutOut(BatchTransform):
         validate.flag("uniform_sampling", self.uniform_sampling)
         validate.flag("per_sample", self.per_sample)
         validate.batch_key("input_key", self.input_key)
+        warn_changes_nothing(self)
+
+    def changes_nothing(self) -> str | None:
         if self.num_holes == 0 or self.length == 0:
             setting = "num_holes=0" if self.num_holes == 0 else "length=0"
-            warn_changes_nothing(
+            return (
                 f"CutOut({setting}) changes nothing: no pixel is ever zeroed; use num_holes >= 1 and length > 0 "
                 "(Composer's defaults are 1 and 0.5) or leave CutOut out"
             )
+        return None
 
     def transform(self, key: R.Key, input: Tensor) -> Tensor:
         params = cutout_params(

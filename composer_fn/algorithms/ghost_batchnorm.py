@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from composer_fn.algorithms._no_op import warn_changes_nothing
+from composer_fn.algorithms._no_op import warn_changes_nothing_here
 from composer_fn.algorithms._surgery import SURGERY_LAYERS, Surgery, matching_modules, replaced
 from composer_fn.core import validate
 from composer_fn.core.algorithm import HostHook, register
@@ -203,10 +203,11 @@ class GhostBatchNorm(Surgery):
         self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
     ) -> tuple[Static, State]:
         if meta is not None and 0 < meta.batch_size <= self.ghost_batch_size:
-            warn_changes_nothing(
+            warn_changes_nothing_here(
+                "GhostBatchNorm",
                 f"GhostBatchNorm(ghost_batch_size={self.ghost_batch_size}) changes nothing on batches of "
                 f"{meta.batch_size} samples: a batch of at most ghost_batch_size samples is normalized as one "
-                f"chunk, which is plain BatchNorm; use ghost_batch_size < {meta.batch_size}"
+                f"chunk, which is plain BatchNorm; use ghost_batch_size < {meta.batch_size}",
             )
         return static, state
 

@@ -117,11 +117,15 @@ class LabelSmoothing(Algorithm):
     def __post_init__(self) -> None:
         validate.real("smoothing", self.smoothing, minimum=0.0, maximum=1.0)
         validate.batch_key("target_key", self.target_key)
+        warn_changes_nothing(self)
+
+    def changes_nothing(self) -> str | None:
         if self.smoothing == 0:
-            warn_changes_nothing(
+            return (
                 "LabelSmoothing(smoothing=0) changes nothing: the smoothed targets are the one-hot targets; use "
                 "smoothing > 0 (Composer's default is 0.1) or leave LabelSmoothing out"
             )
+        return None
 
     def traced_hooks(self, plan_key: Hashable = ()) -> Mapping[Event, Hook]:
         return {Event.BEFORE_LOSS: self._smooth, Event.AFTER_LOSS: self._restore}

@@ -21,7 +21,7 @@ from typing import Any
 
 from torch import nn
 
-from composer_fn.algorithms._no_op import warn_changes_nothing
+from composer_fn.algorithms._no_op import warn_changes_nothing, warn_changes_nothing_here
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Capabilities, register
 from composer_fn.core.time import Timestamp
@@ -94,11 +94,15 @@ class LayerFreezing(Algorithm):
 
     def __post_init__(self) -> None:
         _check(self.freeze_start, self.freeze_level)
+        warn_changes_nothing(self)
+
+    def changes_nothing(self) -> str | None:
         if self.freeze_level == 0:
-            warn_changes_nothing(
+            return (
                 "LayerFreezing(freeze_level=0) changes nothing: no layer is ever frozen; use freeze_level > 0 "
                 "(Composer's default is 1.0) or leave LayerFreezing out"
             )
+        return None
 
     def _fraction(self, timestamp: Timestamp) -> float:
         # Composer freezes at EPOCH_END: the schedule reads the elapsed fraction of the last finished epoch.
@@ -111,12 +115,18 @@ class LayerFreezing(Algorithm):
         return Capabilities(freezes=self.frozen_parameters, checks_length=self.check_length)
 
     def check_length(self, max_steps: int, steps_per_epoch: int) -> None:
-        """Warns when no epoch of a run of ``max_steps`` steps ends past ``freeze_start`` before the run ends."""
+        """Warns (``ChangesNothing``) when no epoch of a run of ``max_steps`` steps ends past ``freeze_start``
+        before the run ends."""
+        reason = self.changes_nothing_in(max_steps, steps_per_epoch)
+        if reason is not None:
+            warn_changes_nothing_here("LayerFreezing", reason)
+
+    def changes_nothing_in(self, max_steps: int, steps_per_epoch: int) -> str | None:
         ends = range(steps_per_epoch, max_steps, max(steps_per_epoch, 1))
         if any(freeze_schedule(end / max_steps, self.freeze_start, self.freeze_level) > 0 for end in ends):
-            return
+            return None
         epochs = -(-max_steps // max(steps_per_epoch, 1))
-        warn_changes_nothing(
+        return (
             f"LayerFreezing(freeze_start={self.freeze_start!r}) in a run of {epochs} epoch(s) freezes no layer: it "
             f"freezes at the end of an epoch past {self.freeze_start!r} of the run, and no epoch but the last ends "
             "there, so it changes nothing; start earlier or train more epochs"

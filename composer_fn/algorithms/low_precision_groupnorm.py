@@ -33,7 +33,7 @@ from composer_fn.algorithms._surgery import (
     matching_modules,
     replaced,
 )
-from composer_fn.core.algorithm import register
+from composer_fn.core.algorithm import ChangesNothing, register
 from composer_fn.core.state import PRECISIONS
 from composer_fn.nn.sharing import shared_copy
 
@@ -107,9 +107,11 @@ def apply_low_precision_groupnorm(model: nn.Module, precision: str | None = None
         raise ValueError(f"precision={precision!r} must be None or one of {', '.join(PRECISIONS)}")
     if precision == "fp32":
         warnings.warn(
-            "apply_low_precision_groupnorm(precision='fp32') has no effect: group norms run in the autocast "
-            "dtype, and fp32 training has no autocast",
-            UserWarning,
+            ChangesNothing(
+                "apply_low_precision_groupnorm(precision='fp32') has no effect: group norms run in the autocast "
+                "dtype, and fp32 training has no autocast",
+                "LowPrecisionGroupNorm",
+            ),
             stacklevel=2,
         )
         return copy.deepcopy(model)

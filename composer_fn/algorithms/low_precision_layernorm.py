@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composer_fn.algorithms._autocast import low_precision_forward, normalized_in_autocast_dtype
-from composer_fn.algorithms._no_op import warn_changes_nothing
+from composer_fn.algorithms._no_op import warn_changes_nothing_here
 from composer_fn.algorithms._surgery import (
     SURGERY_LAYERS,
     Surgery,
@@ -35,7 +35,7 @@ from composer_fn.algorithms._surgery import (
     replace_modules,
     warn_nothing_to_replace,
 )
-from composer_fn.core.algorithm import register
+from composer_fn.core.algorithm import ChangesNothing, register
 from composer_fn.core.state import PRECISIONS, BatchMeta, State, Static
 from composer_fn.core.time import Timestamp
 
@@ -177,9 +177,11 @@ def apply_low_precision_layernorm(model: nn.Module, precision: str | None = None
     layers = _layer_norms(model)
     if precision == "fp32":
         warnings.warn(
-            "apply_low_precision_layernorm(precision='fp32') has no effect: layer norms run in the autocast dtype, "
-            "and fp32 training has no autocast",
-            UserWarning,
+            ChangesNothing(
+                "apply_low_precision_layernorm(precision='fp32') has no effect: layer norms run in the autocast "
+                "dtype, and fp32 training has no autocast",
+                "LowPrecisionLayerNorm",
+            ),
             stacklevel=2,
         )
         return replace_modules(model, {})
@@ -210,9 +212,10 @@ class LowPrecisionLayerNorm(Surgery):
         self, static: Static, state: State, timestamp: Timestamp, meta: BatchMeta | None
     ) -> tuple[Static, State]:
         if static.precision == "fp32" and _layer_norms(static.module):
-            warn_changes_nothing(
+            warn_changes_nothing_here(
+                "LowPrecisionLayerNorm",
                 "LowPrecisionLayerNorm changes nothing in a run of precision='fp32': its layer norms run in the "
                 "autocast dtype, and an fp32 run has no autocast (the layers are converted all the same, so a "
-                "checkpoint resumes in another precision); use precision='bf16-mixed' or leave it out"
+                "checkpoint resumes in another precision); use precision='bf16-mixed' or leave it out",
             )
         return super()._operate(static, state, timestamp, meta)

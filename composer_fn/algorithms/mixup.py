@@ -191,11 +191,15 @@ class MixUp(LabelMixing[MixUpParams]):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        warn_changes_nothing(self)
+
+    def changes_nothing(self) -> str | None:
         if self.alpha == 0:
-            warn_changes_nothing(
+            return (
                 "MixUp(alpha=0) changes nothing: a Beta(0, 0) draw gives every batch a mixing weight of 0, so the "
                 "inputs and targets stay as they are; use alpha > 0 (Composer's default is 0.2) or leave MixUp out"
             )
+        return None
 
     def draw(self, key: R.HostKey, batch_size: int | None) -> Tensor:
         if batch_size is None:

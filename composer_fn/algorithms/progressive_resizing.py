@@ -298,11 +298,15 @@ class ProgressiveResizing(Algorithm):
         validate.flag("resize_targets", self.resize_targets)
         validate.batch_key("input_key", self.input_key)
         validate.batch_key("target_key", self.target_key)
+        warn_changes_nothing(self)
+
+    def changes_nothing(self) -> str | None:
         if self.initial_scale == 1:
-            warn_changes_nothing(
+            return (
                 "ProgressiveResizing(initial_scale=1) changes nothing: the images start at full size and stay "
                 "there; use initial_scale < 1 (Composer's default is 0.5) or leave ProgressiveResizing out"
             )
+        return None
 
     def host_hooks(self) -> Mapping[Event, HostHook]:
         return {Event.INIT: self._check_model, Event.BATCH_START: self._check_sizes}

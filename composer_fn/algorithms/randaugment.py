@@ -177,11 +177,15 @@ class RandAugment(BatchTransform):
     def __post_init__(self) -> None:
         _check(self.severity, self.depth, self.augmentation_set)
         validate.batch_key("input_key", self.input_key)
+        warn_changes_nothing(self)
+
+    def changes_nothing(self) -> str | None:
         if self.depth == 0:
-            warn_changes_nothing(
+            return (
                 "RandAugment(depth=0) changes nothing: each image goes through 0 ops; use depth >= 1 (Composer's "
                 "default is 2) or leave RandAugment out"
             )
+        return None
 
     def transform(self, key: R.Key, input: Tensor) -> Tensor:
         # The values of a traced batch cannot be read; the Trainer checks the first batch's range instead.

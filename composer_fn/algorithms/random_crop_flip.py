@@ -152,11 +152,15 @@ class RandomCropFlip(BatchTransform):
         validate.real("fill", self.fill)
         validate.choice("padding_mode", self.padding_mode, PADDING_MODES)
         validate.batch_key("input_key", self.input_key)
+        warn_changes_nothing(self)
+
+    def changes_nothing(self) -> str | None:
         if self.padding == 0 and self.flip_p == 0:
-            warn_changes_nothing(
+            return (
                 "RandomCropFlip(padding=0, flip_p=0) changes nothing: a crop of an unpadded image is the image and "
                 "no image is flipped; use padding >= 1 or flip_p > 0, or leave RandomCropFlip out"
             )
+        return None
 
     def transform(self, key: R.Key, input: Tensor) -> Tensor:
         params = random_crop_flip_params(key, input.shape[0], padding=self.padding, flip_p=self.flip_p)

@@ -127,11 +127,15 @@ class SAM(Algorithm):
     def __post_init__(self) -> None:
         _check(self.rho, self.epsilon)
         validate.integer("interval", self.interval, minimum=1)
+        warn_changes_nothing(self)
+
+    def changes_nothing(self) -> str | None:
         if self.rho == 0:
-            warn_changes_nothing(
+            return (
                 "SAM(rho=0) changes nothing but the cost: the second gradient is taken at the same weights, so it "
                 "equals the first; use rho > 0 (Composer's default is 0.05) or leave SAM out"
             )
+        return None
 
     def match(self, event: Event, timestamp: Timestamp) -> bool:
         return is_sam_step(timestamp.batch, self.interval)

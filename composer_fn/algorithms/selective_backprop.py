@@ -208,16 +208,20 @@ class SelectiveBackprop(Algorithm):
         if self.input_key is not None:
             validate.batch_key("input_key", self.input_key)
         validate.batch_key("target_key", self.target_key)
+        warn_changes_nothing(self)
+
+    def changes_nothing(self) -> str | None:
         if self.keep == 1:
-            warn_changes_nothing(
+            return (
                 "SelectiveBackprop(keep=1) changes nothing: every sample of a batch is kept, so no batch is pruned; "
                 "use keep < 1 (Composer's default is 0.5) or leave SelectiveBackprop out"
             )
-        elif self.start == self.end:
-            warn_changes_nothing(
+        if self.start == self.end:
+            return (
                 f"SelectiveBackprop(start={self.start!r}, end={self.end!r}) changes nothing: the interval "
                 "[start, end) in which batches are pruned is empty; use start < end"
             )
+        return None
 
     def match(self, event: Event, timestamp: Timestamp) -> bool:
         pruned = self.keep < 1 and should_selective_backprop(

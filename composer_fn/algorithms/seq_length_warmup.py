@@ -30,7 +30,7 @@ import functools
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
-from composer_fn.algorithms._no_op import warn_changes_nothing
+from composer_fn.algorithms._no_op import warn_at_user, warn_changes_nothing_here
 from composer_fn.algorithms._sequences import set_batch_sequence_length
 from composer_fn.algorithms._timing import stored_time
 from composer_fn.core import validate
@@ -136,22 +136,24 @@ class SeqLengthWarmup(Algorithm):
         duration = _parsed_duration(self.duration)
         run = timestamp.max_duration
         if duration.unit is TimeUnit.DURATION and run is not None and int(run.value * duration.value) == 0:
-            warn_changes_nothing(
+            warn_changes_nothing_here(
+                "SeqLengthWarmup",
                 f"SeqLengthWarmup(duration={self.duration!r}) changes nothing: {duration.value:g} of this run's "
                 f"{run} rounds down to a warm-up of 0{run.unit.value}, so every batch keeps its length; give the "
-                f"warm-up as a time (e.g. duration='{max(1, int(run.value) // 3)}{run.unit.value}') or a longer run"
+                f"warm-up as a time (e.g. duration='{max(1, int(run.value) // 3)}{run.unit.value}') or a longer run",
             )
         if meta is None or len(meta.input_shape) < 2:
             return static, state
         length = meta.input_shape[1]
         if self.min_seq_length >= length:
-            warn_changes_nothing(
+            warn_changes_nothing_here(
+                "SeqLengthWarmup",
                 f"SeqLengthWarmup(min_seq_length={self.min_seq_length}) changes nothing: the data's sequences "
                 f"hold {length} tokens, no more than the warm-up's shortest length, so no batch is shortened; "
-                f"use min_seq_length < {length} or leave SeqLengthWarmup out"
+                f"use min_seq_length < {length} or leave SeqLengthWarmup out",
             )
         elif self.max_seq_length < length:
-            warn_changes_nothing(
+            warn_at_user(
                 f"SeqLengthWarmup(max_seq_length={self.max_seq_length}) never reaches the data's sequence length "
                 f"of {length} tokens: every batch of the run, after the warm-up too, is cut to at most "
                 f"{self.max_seq_length} tokens; set max_seq_length={length} to train on whole sequences after it"

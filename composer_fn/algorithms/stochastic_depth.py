@@ -475,11 +475,15 @@ class StochasticDepth(Surgery):
         _parsed_warmup(warmup)
         # One canonical, JSON-friendly form, so equal warm-ups are equal records.
         object.__setattr__(self, "drop_warmup", warmup)
+        warn_changes_nothing(self)
+
+    def changes_nothing(self) -> str | None:
         if self.drop_rate == 0:
-            warn_changes_nothing(
+            return (
                 "StochasticDepth(drop_rate=0) changes nothing: no block is ever dropped; use drop_rate > 0 "
                 "(Composer's default is 0.2) or leave StochasticDepth out"
             )
+        return None
 
     @property
     def _warms_up(self) -> bool:

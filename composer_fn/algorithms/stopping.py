@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from composer_fn.core import validate
-from composer_fn.core.algorithm import Algorithm, Capabilities, register
+from composer_fn.core.algorithm import Algorithm, Capabilities, ChangesNothing, register
 from composer_fn.core.state import State, Static
 from composer_fn.core.time import Timestamp, TimeUnit
 
@@ -148,17 +148,21 @@ class EarlyStopper(Algorithm):
         _range("EarlyStopper", self.monitor, self.dataloader_label, logged)
 
     def _checks_length(self, max_steps: int, steps_per_epoch: int) -> None:
+        reason = self.changes_nothing_in(max_steps, steps_per_epoch)
+        if reason is not None:
+            warnings.warn(ChangesNothing(reason, "EarlyStopper"), stacklevel=4)  # the user's Trainer(...) call
+
+    def changes_nothing_in(self, max_steps: int, steps_per_epoch: int) -> str | None:
         span, unit = _patience(self.patience)
         if unit is None:
-            return
+            return None
         steps = span * (steps_per_epoch if unit is TimeUnit.EPOCH else 1)
-        if steps >= max_steps:
-            warnings.warn(
-                f"EarlyStopper(patience={self.patience!r}) waits at least {steps} batches, and the whole run is "
-                f"{max_steps}: it can never stop this run",
-                UserWarning,
-                stacklevel=4,  # the user's Trainer(...) call
-            )
+        if steps < max_steps:
+            return None
+        return (
+            f"EarlyStopper(patience={self.patience!r}) waits at least {steps} batches, and the whole run is "
+            f"{max_steps}: it can never stop this run"
+        )
 
     def _stops(self, entry: Any, metrics: Mapping[str, float], where: str, timestamp: Timestamp) -> tuple[Any, bool]:
         if where != self.dataloader_label:

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from composer_fn.algorithms._no_op import warn_changes_nothing
+from composer_fn.algorithms._no_op import warn_at_user, warn_changes_nothing_here
 from composer_fn.algorithms._timing import batch_end_times, epoch_end_times
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Capabilities, Hook, HostHook, register
@@ -273,24 +273,37 @@ class SWA(Algorithm):
         )
 
     def check_length(self, max_steps: int, steps_per_epoch: int) -> None:
-        """Warns when a run of ``max_steps`` steps gives SWA nothing to average or never applies the average."""
+        """Warns when a run of ``max_steps`` steps gives SWA nothing to average or never applies the average
+        (``ChangesNothing``), or gives it one set of weights only."""
+        reason = self.changes_nothing_in(max_steps, steps_per_epoch)
+        if reason is not None:
+            warn_changes_nothing_here("SWA", reason)
+        elif len(_events(self, steps_per_epoch, max_steps).updates) == 1:
+            warn_at_user(
+                self._in_run(
+                    max_steps,
+                    steps_per_epoch,
+                    "takes in one set of weights only: the average is the weights themselves, so it changes no "
+                    "weight (only BatchNorm statistics are recomputed)",
+                )
+            )
+
+    def changes_nothing_in(self, max_steps: int, steps_per_epoch: int) -> str | None:
         events = _events(self, steps_per_epoch, max_steps)
-        window = (
-            f"SWA(swa_start={self.swa_start!r}, swa_end={self.swa_end!r}, update_interval={self.update_interval!r}) "
-            f"in a run of {max_steps} steps ({steps_per_epoch} per epoch)"
-        )
         if not events.updates:
             reason = "takes in no weights (averaging would begin after the run ends), so it changes nothing"
         elif events.end is None:
             reason = "never reaches swa_end, so the average never replaces the weights: it changes nothing"
-        elif len(events.updates) == 1:
-            reason = (
-                "takes in one set of weights only: the average is the weights themselves, so it changes no weight "
-                "(only BatchNorm statistics are recomputed)"
-            )
         else:
-            return
-        warn_changes_nothing(f"{window} {reason}; start averaging earlier or update it more often")
+            return None
+        return self._in_run(max_steps, steps_per_epoch, reason)
+
+    def _in_run(self, max_steps: int, steps_per_epoch: int, reason: str) -> str:
+        window = (
+            f"SWA(swa_start={self.swa_start!r}, swa_end={self.swa_end!r}, update_interval={self.update_interval!r}) "
+            f"in a run of {max_steps} steps ({steps_per_epoch} per epoch)"
+        )
+        return f"{window} {reason}; start averaging earlier or update it more often"
 
     def lr_multiplier(self, schedule: Any, *, steps_per_epoch: int, max_steps: int) -> Any:
         """Returns the run's multiplier ``schedule`` with the SWA annealing from the first update on."""

@@ -4,8 +4,10 @@ An algorithm keeps no state on itself: what it carries between steps lives in ``
 ``init``), what it carries between the events of one step in ``StepCtx.scratch[name]``. Traced hooks are pure
 tensor code (no ``.item()``, no Python branching on tensor values, randomness only from ``ctx.key``); host hooks
 run between steps on Python values. ``requires`` and ``capabilities()`` declare, as data, what the trainer
-must provide and what the algorithm does besides its hooks. How the contract suite checks an algorithm is not
-part of the record: see ``composer_fn.testing.settings``.
+must provide and what the algorithm does besides its hooks; ``changes_nothing()`` and ``changes_nothing_in()``
+declare when its settings, or its settings in a run of a given length, make it change nothing, and a host hook
+that finds so on the run (at INIT, at the first batch) warns with ``ChangesNothing``. How the contract suite
+checks an algorithm is not part of the record: see ``composer_fn.testing.settings``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from composer_fn.core.time import Timestamp
 __all__ = [
     "Algorithm",
     "Capabilities",
+    "ChangesNothing",
     "Hook",
     "HostHook",
     "REGISTRY",
@@ -106,6 +109,19 @@ class Capabilities:
 _NONE = Capabilities()
 
 
+class ChangesNothing(UserWarning):
+    """The warning of an algorithm that finds on the run (at INIT, at the first batch, at the run's length) that it
+    changes nothing there: a surgery that finds no layer to rewrite, a check that the first batch is too small.
+
+    ``algorithm`` is the class name of the algorithm it is about (``"GhostBatchNorm"``); the trainer names the
+    algorithms these warnings are about in ``Trainer.no_effect``, whatever the message says.
+    """
+
+    def __init__(self, message: str, algorithm: str) -> None:
+        super().__init__(message)
+        self.algorithm = algorithm
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """Base record of every algorithm. Subclasses are frozen dataclasses whose fields are hyperparameters."""
@@ -146,6 +162,19 @@ class Algorithm:
 
     def init(self, static: Static, state: State) -> Any:
         """Returns the initial entry of ``State.algos[self.name]`` (None when the algorithm needs none)."""
+        return None
+
+    def changes_nothing(self) -> str | None:
+        """Returns why this record's settings make it change nothing in any run (``MixUp(alpha=0)``), or None.
+
+        The reason is a sentence naming the setting and what to use instead; the record warns with it when it is
+        built, and the trainer names the algorithm in ``no_effect``.
+        """
+        return None
+
+    def changes_nothing_in(self, max_steps: int, steps_per_epoch: int) -> str | None:
+        """Returns why it changes nothing in a run of ``max_steps`` steps of ``steps_per_epoch`` each although its
+        settings alone would not (a stopping rule that can never end a run that short), or None."""
         return None
 
     def capabilities(self) -> Capabilities:

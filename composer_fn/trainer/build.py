@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import functools
-import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +23,7 @@ from torch import Tensor, nn
 
 from composer_fn.core import random as R
 from composer_fn.core import validate
-from composer_fn.core.algorithm import REQUIREMENTS, Algorithm
+from composer_fn.core.algorithm import REQUIREMENTS, Algorithm, ChangesNothing
 from composer_fn.core.engine import check_surgery_conflicts, make_plan, run_host_event
 from composer_fn.core.event import Event
 from composer_fn.core.passes import Pass
@@ -247,7 +245,9 @@ def start_state(
 ) -> tuple[Static, State, tuple[str, ...]]:
     """Returns the static part (a copy of ``model`` on the run's device, in training mode), the state after the
     INIT event (surgeries applied, the optimizer's and algorithms' states made), and the names of the algorithms
-    that warned they change nothing in this run. ``train_inputs`` is given to algorithms that require the data."""
+    that change nothing in this run: those whose settings, or settings in a run this long, say so
+    (``Algorithm.changes_nothing``, ``changes_nothing_in``), and those that warned ``ChangesNothing`` at INIT.
+    ``train_inputs`` is given to algorithms that require the data."""
     check_surgery_conflicts(run.algorithms, model)
     # Hugging Face models resolve their loss function once, here, so that no forward of the run logs doing it.
     structure = settle_loss_function(copy.deepcopy(model)).to(run.device).train()
@@ -265,10 +265,17 @@ def start_state(
     plan = make_plan(run.algorithms, run.passes, timestamp)
     for diagnostic in plan.diagnostics:
         warnings.warn(diagnostic, stacklevel=3)
-    messages = _construction_warnings(run.algorithms)
-    with passed_on(messages) if run.algorithms else contextlib.nullcontext():
+    said: list[str] = []
+    with passed_on(said) if run.algorithms else contextlib.nullcontext():
         static, state = run_host_event(Event.INIT, plan, static, state, timestamp)
-    no_effect = changing_nothing(run.algorithms, messages)
+    found = changing_nothing(run.algorithms, said)
+    no_effect = tuple(
+        a.name
+        for a in run.algorithms
+        if a.name in found
+        or a.changes_nothing() is not None
+        or a.changes_nothing_in(run.max_steps, run.steps_per_epoch) is not None
+    )
     state = state.replace(
         opt=run.tx.init(state.params),
         algos={a.name: a.init(static, state) for a in run.algorithms},
@@ -291,19 +298,17 @@ def train_inputs(loader: Iterable[Any], device: torch.device, input_key: int | s
         yield batch_input(to_device(batch, device), input_key)
 
 
-_NO_EFFECT = re.compile(r"changes nothing|has no effect|does nothing")
-
-
-def changing_nothing(algorithms: Sequence[Algorithm], messages: Iterable[str]) -> tuple[str, ...]:
-    """Returns the names of the algorithms (by class or registered name) that one of the warnings ``messages``
-    says change nothing."""
-    said = [m for m in messages if _NO_EFFECT.search(m)]
-    return tuple(a.name for a in algorithms if any(type(a).__name__ in m or a.name in m for m in said))
+def changing_nothing(algorithms: Sequence[Algorithm], said: Iterable[str]) -> tuple[str, ...]:
+    """Returns the names of the algorithms that ``said`` names by class (``ChangesNothing.algorithm``; a subclass
+    of a named class counts), in the order of ``algorithms``."""
+    named = set(said)
+    return tuple(a.name for a in algorithms if any(cls.__name__ in named for cls in type(a).__mro__))
 
 
 @contextlib.contextmanager
-def passed_on(messages: list[str]) -> Iterator[None]:
-    """Warnings raised meanwhile reach the user as they would have; their messages are added to ``messages``."""
+def passed_on(said: list[str]) -> Iterator[None]:
+    """Warnings raised meanwhile reach the user as they would have; the algorithms that ``ChangesNothing`` warnings
+    among them are about are added to ``said`` (by class name)."""
     caught: list[warnings.WarningMessage] = []
     try:
         with warnings.catch_warnings(record=True) as caught:  # type: ignore[assignment]
@@ -311,24 +316,7 @@ def passed_on(messages: list[str]) -> Iterator[None]:
     finally:
         for warning in caught:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno, source=warning.source)
-        messages.extend(str(warning.message) for warning in caught)
-
-
-def _construction_warnings(algorithms: Sequence[Algorithm]) -> list[str]:
-    # A record says at construction when its settings make it change nothing (MixUp(alpha=0)); rebuilding it with
-    # warnings recorded hears that again without showing it to the user a second time.
-    messages = []
-    for algorithm in algorithms:
-        if not dataclasses.is_dataclass(algorithm):
-            continue
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                dataclasses.replace(algorithm)
-            except Exception:  # noqa: BLE001 -- a record that cannot be rebuilt says nothing more
-                continue
-        messages += [str(warning.message) for warning in caught]
-    return messages
+        said.extend(w.message.algorithm for w in caught if isinstance(w.message, ChangesNothing))
 
 
 def _losses(

@@ -290,12 +290,24 @@ def test_a_setting_that_changes_nothing_warns_once_at_construction(build: Callab
     assert caught[0].filename == __file__
 
 
+@pytest.mark.parametrize(("build", "message"), NO_OPS, ids=[m.split("\\")[0] + str(i) for i, (_, m) in enumerate(NO_OPS)])
+def test_a_setting_that_changes_nothing_is_declared_by_the_record_in_the_words_it_warns(
+    build: Callable[[], Any], message: str
+) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        record = build()
+    assert record.changes_nothing() == str(caught[0].message)
+    assert re.match(message, record.changes_nothing() or "")
+
+
 def test_default_settings_warn_nothing() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for record in (A.MixUp(), A.RandAugment(), A.LabelSmoothing(), A.SelectiveBackprop(), A.ColOut(),
                        A.CutOut(), A.RandomCropFlip(), A.SAM(), A.LayerFreezing(), A.ProgressiveResizing()):
             assert record.to_config()
+            assert record.changes_nothing() is None
 
 
 def _fit(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor], batch_size: int, algorithm: Any,

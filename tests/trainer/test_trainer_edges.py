@@ -6,6 +6,7 @@ makes something do nothing says so."""
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,10 @@ from torch import nn
 
 from composer_fn import Trainer, optim
 from composer_fn import random as R
-from composer_fn.algorithms import EarlyStopper, ThresholdStopper
+from composer_fn.algorithms import SWA, EarlyStopper, GhostBatchNorm, LayerFreezing, ThresholdStopper
 from composer_fn.callbacks import NaNMonitor, RuntimeEstimator, SpeedMonitor
+from composer_fn.core.algorithm import Algorithm, ChangesNothing, HostHook
+from composer_fn.core.event import Event
 from composer_fn.data import TensorLoader
 from composer_fn.models import MLP
 from composer_fn.trainer import Evaluator, load_model
@@ -444,6 +447,76 @@ def test_an_algorithm_that_changes_nothing_is_named_in_no_effect() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once, at construction
         assert _trainer(algorithms=[inert]).no_effect == ("mixup",)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "name", "message"),
+    [
+        (EarlyStopper("loss", dataloader_label="train", patience="5ba"), "early_stopper", "can never stop this run"),
+        (SWA(swa_start="2ep", swa_end="4ep"), "swa", "takes in no weights"),
+        (LayerFreezing(freeze_start=0.9), "layer_freezing", "freezes no layer"),
+    ],
+    ids=["stopper", "swa", "layer_freezing"],
+)
+def test_an_algorithm_that_cannot_act_in_a_run_this_short_is_named_in_no_effect(
+    algorithm: Algorithm, name: str, message: str
+) -> None:
+    acting = ThresholdStopper("loss", dataloader_label="train", threshold=0.0)
+    with pytest.warns(ChangesNothing, match=message):
+        trainer = _trainer(algorithms=[acting, algorithm])
+    assert trainer.no_effect == (name,)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert _trainer(algorithms=[acting, algorithm], max_duration="40ba").no_effect == ()
+
+
+@dataclass(frozen=True)
+class Watchful(Algorithm):
+    """Warns at INIT and at the run's first batch: ``ChangesNothing`` when ``told``, else a ``UserWarning`` whose
+    words say it changes nothing."""
+
+    told: bool = True
+
+    def host_hooks(self) -> dict[Event, HostHook]:
+        return {Event.INIT: self._look, Event.BATCH_START: self._look}
+
+    def _look(self, static: Any, state: Any, timestamp: Any, meta: Any) -> tuple[Any, Any]:
+        if timestamp.batch == 0:
+            where = "INIT" if meta is None else "the first batch"
+            warning = (
+                ChangesNothing(f"Watchful found its work done at {where}", "Watchful")
+                if self.told
+                else UserWarning(f"Watchful changes nothing at {where}")
+            )
+            warnings.warn(warning, stacklevel=2)
+        return static, state
+
+
+def test_no_effect_reads_the_warning_category_not_its_words() -> None:
+    with pytest.warns(ChangesNothing, match="Watchful found its work done at INIT"):
+        told = _trainer(algorithms=[Watchful()])
+    assert told.no_effect == ("watchful",)
+    with pytest.warns(ChangesNothing, match="Watchful found its work done at the first batch"):
+        told.fit()
+    assert told.no_effect == ("watchful",)
+    with pytest.warns(UserWarning, match="Watchful changes nothing at INIT"):
+        worded = _trainer(algorithms=[Watchful(told=False)])
+    assert worded.no_effect == ()
+    with pytest.warns(UserWarning, match="Watchful changes nothing at the first batch"):
+        worded.fit()
+    assert worded.no_effect == ()
+
+
+def test_no_effect_names_what_a_host_hook_finds_at_the_first_batch() -> None:
+    with pytest.warns(ChangesNothing, match=r"GhostBatchNorm\(ghost_batch_size=8\) changes nothing on batches of 8"):
+        trainer = _trainer(_batch_normed(), algorithms=[GhostBatchNorm(8)])
+        assert trainer.no_effect == ()
+        trainer.fit()
+    assert trainer.no_effect == ("ghost_batchnorm",)
+
+
+def _batch_normed() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
 
 
 def test_a_model_that_cannot_take_the_training_batch_is_refused_naming_it() -> None:
