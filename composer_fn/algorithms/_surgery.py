@@ -12,9 +12,9 @@ A surgery algorithm subclasses ``Surgery`` and implements two methods:
 rewrites it, and returns a new ``Static`` and a ``State`` whose params and buffers are the new module's.
 Tensors of submodules the rewrite keeps are carried over unchanged (same values, dtype and memory format).
 
-Which layers each surgery looks for is declared once, in ``SURGERY_LAYERS``: torch classes, matched with their
-subclasses that keep the class's ``forward`` (a subclass that computes something else is not the same layer),
-and third-party classes by module and qualified name (timm's normalisation and residual blocks), matched
+Which layers a surgery looks for its record declares, in ``layers`` (a ``LayerKinds``): torch classes, matched
+with their subclasses that keep the class's ``forward`` (a subclass that computes something else is not the same
+layer), and third-party classes by module and qualified name (timm's normalisation and residual blocks), matched
 without importing their library. ``target_modules`` on every surgery restricts it to modules by name.
 """
 
@@ -42,7 +42,6 @@ from composer_fn.core.time import Timestamp
 __all__ = [
     "Surgery",
     "LayerKinds",
-    "SURGERY_LAYERS",
     "Withheld",
     "module_with_tensors",
     "module_tensors",
@@ -247,48 +246,6 @@ class LayerKinds:
         return " or ".join([*names, *self.third_party])
 
 
-_BASIC_BLOCKS = (
-    "composer_fn.nn.residual.BasicBlock",
-    "torchvision.models.resnet.BasicBlock",
-    "timm.models.resnet.BasicBlock",
-)
-_BOTTLENECKS = ("torchvision.models.resnet.Bottleneck", "timm.models.resnet.Bottleneck")
-
-SURGERY_LAYERS: Mapping[str, LayerKinds] = {
-    "blurpool": LayerKinds((nn.Conv2d, nn.MaxPool2d)),
-    "squeeze_excite": LayerKinds((nn.Conv2d,), subclasses="any"),
-    "ghost_batchnorm": LayerKinds(
-        (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d), ("timm.layers.norm_act.BatchNormAct2d",)
-    ),
-    "low_precision_layernorm": LayerKinds(
-        (nn.LayerNorm,), ("timm.layers.norm.LayerNorm", "timm.layers.norm.LayerNorm2d")
-    ),
-    "low_precision_layernorm/rms": LayerKinds(
-        (nn.RMSNorm,),
-        (
-            "transformers.models.llama.modeling_llama.LlamaRMSNorm",
-            "transformers.models.mistral.modeling_mistral.MistralRMSNorm",
-            "transformers.models.qwen2.modeling_qwen2.Qwen2RMSNorm",
-        ),
-    ),
-    "low_precision_groupnorm": LayerKinds(
-        (nn.GroupNorm,), ("timm.layers.norm.GroupNorm", "timm.layers.norm.GroupNorm1")
-    ),
-    "weight_standardization": LayerKinds((nn.Conv1d, nn.Conv2d, nn.Conv3d)),
-    "factorize": LayerKinds((nn.Conv2d, nn.Linear), subclasses="none"),
-    "stochastic_depth/BasicBlock": LayerKinds((), _BASIC_BLOCKS),
-    "stochastic_depth/Bottleneck": LayerKinds((), _BOTTLENECKS),
-}
-"""The layers each surgery looks for, by surgery (StochasticDepth by ``target_layer_name``): its one declaration.
-
-Third-party entries are classes whose computation the surgery's replacement reproduces: timm's
-``BatchNormAct2d`` (BatchNorm, then its dropout and activation, which the ghost layer keeps), ``LayerNorm``,
-``LayerNorm2d`` (channels first), ``GroupNorm`` and ``GroupNorm1``, the residual blocks of timm's and
-torchvision's ResNets, and the RMS norms of Hugging Face's Llama, Mistral and Qwen2 (which normalise in float32
-and scale the result cast back to the input's dtype).
-"""
-
-
 class Withheld(nn.Module):
     """Stands in for a submodule that a surgery restricted by ``target_modules`` leaves alone.
 
@@ -367,6 +324,12 @@ class Surgery(Algorithm):
 
     rewrites_after: ClassVar[frozenset[str]] = frozenset()
     """Names of the surgeries whose rewritten modules this one rewrites further (see ``Capabilities``)."""
+
+    layers: ClassVar[LayerKinds | None] = None
+    """The layers it looks for, its one declaration (``BlurPool``: ``torch.nn.Conv2d`` and ``torch.nn.MaxPool2d``);
+    None for a surgery that finds what it rewrites by another rule (ALiBi's attention, the transformer blocks of
+    GatedLinearUnits) or declares several kinds under names of its own (StochasticDepth's ``blocks``). A
+    third-party entry is a class whose computation the surgery's replacement reproduces."""
 
     def capabilities(self) -> Capabilities:
         return Capabilities(rewrites=self.surgery_targets, rewrites_after=self.rewrites_after)

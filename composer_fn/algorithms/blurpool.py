@@ -18,6 +18,7 @@ made.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +26,7 @@ from torch import Tensor, nn
 
 from composer_fn.algorithms._autocast import compute_dtype
 from composer_fn.algorithms._surgery import (
-    SURGERY_LAYERS,
+    LayerKinds,
     Surgery,
     matching_modules,
     replace_modules,
@@ -276,9 +277,6 @@ def _check(replace_convs: bool, replace_maxpools: bool, blur_first: bool, min_ch
     validate.integer("min_channels", min_channels, minimum=0)
 
 
-_LAYERS = SURGERY_LAYERS["blurpool"]
-
-
 def _blurpool_targets(
     model: nn.Module, replace_convs: bool, replace_maxpools: bool, min_channels: int
 ) -> tuple[str, ...]:
@@ -288,7 +286,7 @@ def _blurpool_targets(
     def is_target(name: str, module: nn.Module) -> bool:
         if any(name.startswith(prefix + ".") for prefix in blurred):
             return False
-        kind = _LAYERS.kind(module)
+        kind = BlurPool.layers.kind(module)
         if replace_maxpools and kind is not None and isinstance(module, nn.MaxPool2d):
             return not module.return_indices
         if replace_convs and kind is not None and isinstance(module, nn.Conv2d):
@@ -359,6 +357,7 @@ class BlurPool(Surgery):
     """
 
     algorithm_name = "blurpool"
+    layers: ClassVar[LayerKinds] = LayerKinds((nn.Conv2d, nn.MaxPool2d))
 
     replace_convs: bool = True
     replace_maxpools: bool = True

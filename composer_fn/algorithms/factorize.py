@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -33,7 +33,7 @@ from composer_fn.algorithms._low_rank import (
     svd_factors,
 )
 from composer_fn.algorithms._surgery import (
-    SURGERY_LAYERS,
+    LayerKinds,
     Surgery,
     check_model,
     replace_modules,
@@ -255,7 +255,7 @@ def _factorization_targets(
     for name, child in module.named_modules():
         if not name or any(name.startswith(prefix + ".") for prefix in factorized):
             continue
-        kind = SURGERY_LAYERS["factorize"].kind(child)
+        kind = Factorize.layers.kind(child)
         if factorize_convs and kind is not None and isinstance(child, nn.Conv2d):
             wide = min(child.in_channels, child.out_channels) >= min_channels
             if wide and factorizing_could_speedup(child, latent_channels):
@@ -315,6 +315,8 @@ def apply_factorization(
 @dataclass(frozen=True)
 class Factorize(Surgery):
     """Factorizes wide ``Conv2d`` and ``Linear`` layers at INIT (Composer's ``Factorize``; class defaults)."""
+
+    layers: ClassVar[LayerKinds] = LayerKinds((nn.Conv2d, nn.Linear), subclasses="none")
 
     factorize_convs: bool = True
     factorize_linears: bool = True

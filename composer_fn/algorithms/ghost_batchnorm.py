@@ -17,7 +17,7 @@ tensors keep their names.
 
 Subclasses of ``BatchNorm{1,2,3}d`` that keep its ``forward`` are replaced too, and timm's ``BatchNormAct2d``
 (BatchNorm, then a dropout and an activation) becomes a ``GhostBatchNormAct2d``, which keeps its ``drop`` and
-``act`` after the ghost normalisation (see ``SURGERY_LAYERS``). Other subclasses compute something the ghost
+``act`` after the ghost normalisation (see ``GhostBatchNorm.layers``). Other subclasses compute something the ghost
 layer would not, and are left alone.
 """
 
@@ -27,14 +27,14 @@ import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composer_fn.algorithms._no_op import warn_changes_nothing_here
-from composer_fn.algorithms._surgery import SURGERY_LAYERS, Surgery, matching_modules, replaced
+from composer_fn.algorithms._surgery import LayerKinds, Surgery, matching_modules, replaced
 from composer_fn.core import validate
 from composer_fn.core.algorithm import HostHook, register
 from composer_fn.core.event import Event
@@ -130,9 +130,6 @@ _GHOSTS: dict[str, type[_GhostBatchNorm]] = {
     "torch.nn.modules.batchnorm.BatchNorm3d": GhostBatchNorm3d,
     "timm.layers.norm_act.BatchNormAct2d": GhostBatchNormAct2d,
 }
-_LAYERS = SURGERY_LAYERS["ghost_batchnorm"]
-
-
 def ghost_batchnorm_from(batchnorm: nn.Module, ghost_batch_size: int = 32) -> nn.Module:
     """Returns the ghost version of a ``BatchNorm{1,2,3}d`` with copies of its tensors; the input is untouched."""
     return _reclassed(batchnorm, copy.deepcopy(batchnorm), ghost_batch_size)
@@ -141,10 +138,10 @@ def ghost_batchnorm_from(batchnorm: nn.Module, ghost_batch_size: int = 32) -> nn
 def _reclassed(batchnorm: nn.Module, ghost: nn.Module, ghost_batch_size: int) -> nn.Module:
     # A re-classed copy keeps every setting and tensor of the layer, including those only some PyTorch
     # versions have (the ``bias`` flag); the subclass adds nothing but ``ghost_batch_size``.
-    kind = _LAYERS.kind(batchnorm)
+    kind = GhostBatchNorm.layers.kind(batchnorm)
     cls = _GHOSTS.get(kind) if kind is not None else None
     if cls is None:
-        raise TypeError(f"batchnorm={type(batchnorm).__name__} must be a {_LAYERS.describe()}")
+        raise TypeError(f"batchnorm={type(batchnorm).__name__} must be a {GhostBatchNorm.layers.describe()}")
     ghost.__class__ = cls
     assert isinstance(ghost, _GhostBatchNorm)
     ghost.ghost_batch_size = ghost_batch_size
@@ -152,7 +149,7 @@ def _reclassed(batchnorm: nn.Module, ghost: nn.Module, ghost_batch_size: int) ->
 
 
 def _targets(module: nn.Module) -> list[str]:
-    return list(matching_modules(module, lambda _, m: _LAYERS.kind(m) in _GHOSTS))
+    return list(matching_modules(module, lambda _, m: GhostBatchNorm.layers.kind(m) in _GHOSTS))
 
 
 def apply_ghost_batchnorm(model: nn.Module, ghost_batch_size: int = 32) -> nn.Module:
@@ -170,7 +167,7 @@ def apply_ghost_batchnorm(model: nn.Module, ghost_batch_size: int = 32) -> nn.Mo
         for name in _targets(model)
         for layer in [model.get_submodule(name)]
     }
-    looks_for = _LAYERS.describe()
+    looks_for = GhostBatchNorm.layers.describe()
     return replaced(model, replacements, method="GhostBatchNorm", looks_for=looks_for, rewritten=_GhostBatchNorm)
 
 
@@ -185,6 +182,11 @@ class GhostBatchNorm(Surgery):
     """
 
     algorithm_name = "ghost_batchnorm"
+    layers: ClassVar[LayerKinds] = LayerKinds(
+        (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d), ("timm.layers.norm_act.BatchNormAct2d",)
+    )
+    """BatchNorm of 1, 2 or 3 dimensions, and timm's ``BatchNormAct2d`` (BatchNorm, then its dropout and activation,
+    which the ghost layer keeps)."""
     checks_at = frozenset({Event.BATCH_START})
 
     ghost_batch_size: int = 32

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from composer_fn.algorithms._autocast import low_precision_forward
 from composer_fn.algorithms._surgery import (
-    SURGERY_LAYERS,
+    LayerKinds,
     Surgery,
     check_model,
     matching_modules,
@@ -58,12 +58,9 @@ def low_precision_groupnorm_from(groupnorm: nn.GroupNorm) -> LPGroupNorm:
     return _reclassed(groupnorm, copy.deepcopy(groupnorm))
 
 
-_LAYERS = SURGERY_LAYERS["low_precision_groupnorm"]
-
-
 def _reclassed(groupnorm: nn.GroupNorm, low: nn.Module) -> LPGroupNorm:
-    if _LAYERS.kind(groupnorm) is None:
-        raise TypeError(f"groupnorm={type(groupnorm).__name__} must be a {_LAYERS.describe()}")
+    if LowPrecisionGroupNorm.layers.kind(groupnorm) is None:
+        raise TypeError(f"groupnorm={type(groupnorm).__name__} must be a {LowPrecisionGroupNorm.layers.describe()}")
     # A re-classed copy keeps every setting and tensor of the layer, including those only some PyTorch
     # versions have (the ``bias`` flag); the subclass changes only the forward.
     low.__class__ = LPGroupNorm
@@ -72,7 +69,7 @@ def _reclassed(groupnorm: nn.GroupNorm, low: nn.Module) -> LPGroupNorm:
 
 
 def _targets(module: nn.Module) -> list[str]:
-    return list(matching_modules(module, lambda _, m: _LAYERS.kind(m) is not None))
+    return list(matching_modules(module, lambda _, m: LowPrecisionGroupNorm.layers.kind(m) is not None))
 
 
 def _converted(module: nn.Module) -> nn.Module:
@@ -86,7 +83,7 @@ def _converted(module: nn.Module) -> nn.Module:
         module,
         replacements,
         method="LowPrecisionGroupNorm",
-        looks_for=_LAYERS.describe(),
+        looks_for=LowPrecisionGroupNorm.layers.describe(),
         rewritten=LPGroupNorm,
         stacklevel=5,
     )
@@ -126,6 +123,9 @@ class LowPrecisionGroupNorm(Surgery):
     algorithm_name = "low_precision_groupnorm"
 
     placement: ClassVar[Literal["any", "first", "last"]] = "last"
+    layers: ClassVar[LayerKinds] = LayerKinds(
+        (nn.GroupNorm,), ("timm.layers.norm.GroupNorm", "timm.layers.norm.GroupNorm1")
+    )
 
     def targets(self, module: nn.Module) -> frozenset[str]:
         return frozenset(_targets(module))

@@ -9,7 +9,7 @@ and writes the low precision, saving the casts and half of the memory traffic. O
 
 Surgery at INIT replaces every ``nn.LayerNorm`` (and subclass keeping its forward, and timm's ``LayerNorm``; an
 ``LPLayerNorm`` is kept, which makes the rewrite idempotent) by an ``LPLayerNorm`` with the same shape, epsilon
-and affine tensors, and timm's channels-first ``LayerNorm2d`` by an ``LPLayerNorm2d`` (see ``SURGERY_LAYERS``).
+and affine tensors, and timm's channels-first ``LayerNorm2d`` by an ``LPLayerNorm2d`` (see ``LowPrecisionLayerNorm.layers``).
 RMS norms (``nn.RMSNorm``, and Llama's, Mistral's and Qwen2's, which compute in float32 whatever their input)
 become ``LPRMSNorm``: in the autocast dtype under autocast, and outside it exactly the layer it replaced. The default
 passes run it after every other algorithm of an event (``placement = "last"``), so that layer norms other
@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from composer_fn.algorithms._autocast import low_precision_forward, normalized_in_autocast_dtype
 from composer_fn.algorithms._no_op import warn_changes_nothing_here
 from composer_fn.algorithms._surgery import (
-    SURGERY_LAYERS,
+    LayerKinds,
     Surgery,
     matching_modules,
     replace_modules,
@@ -40,10 +40,6 @@ from composer_fn.core.state import PRECISIONS, BatchMeta, State, Static
 from composer_fn.core.time import Timestamp
 
 __all__ = ["LowPrecisionLayerNorm", "LPLayerNorm", "LPLayerNorm2d", "LPRMSNorm", "apply_low_precision_layernorm"]
-
-_LAYERS = SURGERY_LAYERS["low_precision_layernorm"]
-_RMS_LAYERS = SURGERY_LAYERS["low_precision_layernorm/rms"]
-
 
 class LPLayerNorm(nn.LayerNorm):
     """``nn.LayerNorm`` computed in the autocast dtype under autocast, and exactly as ``nn.LayerNorm`` outside it."""
@@ -119,14 +115,14 @@ def _low_precision_rms(layer: Any) -> LPRMSNorm:
 
 
 def _low_precision(layer: Any) -> nn.Module:
-    if _RMS_LAYERS.kind(layer) is not None:
+    if LowPrecisionLayerNorm.rms_layers.kind(layer) is not None:
         return _low_precision_rms(layer)
     return _low_precision_layer_norm(layer)
 
 
 def _low_precision_layer_norm(layer: nn.LayerNorm) -> LPLayerNorm:
     reference = layer.weight
-    channels_first = _LAYERS.kind(layer) == "timm.layers.norm.LayerNorm2d"
+    channels_first = LowPrecisionLayerNorm.layers.kind(layer) == "timm.layers.norm.LayerNorm2d"
     # LayerNorm's own initialisation is ones and zeros: building it draws nothing at random.
     converted = (LPLayerNorm2d if channels_first else LPLayerNorm)(
         layer.normalized_shape,
@@ -151,14 +147,14 @@ def _layer_norms(model: nn.Module) -> dict[str, nn.Module]:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model={type(model).__name__}: expected a torch.nn.Module")
     names = matching_modules(
-        model, lambda _, module: _LAYERS.kind(module) is not None or _RMS_LAYERS.kind(module) is not None
+        model, lambda _, module: LowPrecisionLayerNorm.layers.kind(module) is not None or LowPrecisionLayerNorm.rms_layers.kind(module) is not None
     )
     return {name: model.get_submodule(name) for name in names}  # type: ignore[misc]
 
 
 def _converted(model: nn.Module, layers: dict[str, nn.Module]) -> nn.Module:
     if not layers and not any(isinstance(m, LPLayerNorm | LPRMSNorm) for m in model.modules()):
-        looks_for = f"{_LAYERS.describe()} or {_RMS_LAYERS.describe()}"
+        looks_for = f"{LowPrecisionLayerNorm.layers.describe()} or {LowPrecisionLayerNorm.rms_layers.describe()}"
         warn_nothing_to_replace("LowPrecisionLayerNorm", looks_for, model, stacklevel=4)
     return replace_modules(model, {name: _low_precision(layer) for name, layer in layers.items()})
 
@@ -201,6 +197,20 @@ class LowPrecisionLayerNorm(Surgery):
 
     algorithm_name = "low_precision_layernorm"
     placement: ClassVar[Literal["any", "first", "last"]] = "last"
+    layers: ClassVar[LayerKinds] = LayerKinds(
+        (nn.LayerNorm,), ("timm.layers.norm.LayerNorm", "timm.layers.norm.LayerNorm2d")
+    )
+    """``nn.LayerNorm`` and timm's ``LayerNorm`` and ``LayerNorm2d`` (channels first)."""
+    rms_layers: ClassVar[LayerKinds] = LayerKinds(
+        (nn.RMSNorm,),
+        (
+            "transformers.models.llama.modeling_llama.LlamaRMSNorm",
+            "transformers.models.mistral.modeling_mistral.MistralRMSNorm",
+            "transformers.models.qwen2.modeling_qwen2.Qwen2RMSNorm",
+        ),
+    )
+    """The RMS norms it converts too: ``nn.RMSNorm`` and those of Hugging Face's Llama, Mistral and Qwen2 (which
+    normalise in float32 and scale the result cast back to the input's dtype)."""
 
     def targets(self, module: nn.Module) -> frozenset[str]:
         return frozenset(_layer_norms(module))

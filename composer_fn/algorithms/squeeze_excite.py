@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from composer_fn.algorithms._surgery import SURGERY_LAYERS, Surgery, matching_modules, replaced
+from composer_fn.algorithms._surgery import LayerKinds, Surgery, matching_modules, replaced
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
@@ -119,7 +119,7 @@ def _squeeze_excite_targets(model: nn.Module, min_channels: int) -> tuple[str, .
     def is_target(name: str, module: nn.Module) -> bool:
         return (
             isinstance(module, nn.Conv2d)
-            and SURGERY_LAYERS["squeeze_excite"].kind(module) is not None
+            and SqueezeExcite.layers.kind(module) is not None
             and min(module.in_channels, module.out_channels) >= min_channels
             and not any(name.startswith(prefix + ".") for prefix in wrapped)
         )
@@ -173,6 +173,7 @@ class SqueezeExcite(Surgery):
     min_channels: int = 128
 
     rewrites_after: ClassVar[frozenset[str]] = frozenset({"blurpool", "weight_standardization"})
+    layers: ClassVar[LayerKinds] = LayerKinds((nn.Conv2d,), subclasses="any")
 
     def __post_init__(self) -> None:
         _check(self.latent_channels, self.min_channels)

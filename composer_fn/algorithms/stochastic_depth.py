@@ -52,7 +52,7 @@ from torch._subclasses.fake_tensor import is_fake
 
 from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.algorithms._surgery import (
-    SURGERY_LAYERS,
+    LayerKinds,
     Surgery,
     Withheld,
     replace_modules,
@@ -87,7 +87,7 @@ DROP_DISTRIBUTIONS: tuple[str, ...] = ("linear", "uniform")
 TARGET_LAYER_NAMES: tuple[str, ...] = ("ResNetBottleneck", "Bottleneck", "BasicBlock")
 """Accepted ``target_layer_name`` values: ``'Bottleneck'`` (``'ResNetBottleneck'`` is Composer's name for it) and
 ``'BasicBlock'``: torchvision's and timm's ResNet blocks, and ``composer_fn.models.resnet``'s ``BasicBlock`` (the
-classes are declared in ``SURGERY_LAYERS``)."""
+classes are declared in ``StochasticDepth.blocks``)."""
 
 
 def _branch_end(block: nn.Module, kind: str) -> str:
@@ -306,7 +306,7 @@ def drop_rates(
 
 def _target_blocks(model: nn.Module, target_layer_name: str) -> tuple[tuple[str, str], ...]:
     """Returns ``(block name, branch's last layer)`` for each block of the kind that is not stochastic yet."""
-    kinds = SURGERY_LAYERS[f"stochastic_depth/{_block_family(target_layer_name)}"]
+    kinds = StochasticDepth.blocks[_block_family(target_layer_name)]
     targets = []
     for name, block in model.named_modules():
         kind = kinds.kind(block)
@@ -462,6 +462,19 @@ class StochasticDepth(Surgery):
 
     # After GhostBatchNorm it wraps the ghost layer at the end of each branch.
     rewrites_after: ClassVar[frozenset[str]] = frozenset({"ghost_batchnorm"})
+    blocks: ClassVar[Mapping[str, LayerKinds]] = {
+        "BasicBlock": LayerKinds(
+            (),
+            (
+                "composer_fn.nn.residual.BasicBlock",
+                "torchvision.models.resnet.BasicBlock",
+                "timm.models.resnet.BasicBlock",
+            ),
+        ),
+        "Bottleneck": LayerKinds((), ("torchvision.models.resnet.Bottleneck", "timm.models.resnet.Bottleneck")),
+    }
+    """The residual blocks it makes stochastic, by ``target_layer_name`` (``'ResNetBottleneck'`` is
+    ``'Bottleneck'``): those of torchvision's and timm's ResNets and of ``composer_fn.nn.residual``."""
 
     target_layer_name: str = "ResNetBottleneck"
     stochastic_method: StochasticMethod = "block"

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from composer_fn.algorithms._surgery import (
-    SURGERY_LAYERS,
+    LayerKinds,
     Surgery,
     check_model,
     replace_modules,
@@ -103,7 +103,7 @@ _CONV_SETTINGS = ("stride", "padding", "dilation", "groups", "padding_mode")
 
 def standardized_conv(conv: nn.Conv1d | nn.Conv2d | nn.Conv3d) -> nn.Module:
     """Returns a ``WSConv*d`` with ``conv``'s settings and copies of its tensors; ``conv`` is untouched."""
-    plain = SURGERY_LAYERS["weight_standardization"].kind(conv) is not None
+    plain = WeightStandardization.layers.kind(conv) is not None
     cls = next((ws for torch_class, ws in _STANDARDIZED.items() if plain and isinstance(conv, torch_class)), None)
     if cls is None:
         raise TypeError(f"conv={type(conv).__name__} must be a torch.nn.Conv1d, Conv2d or Conv3d")
@@ -161,7 +161,7 @@ def _targets(module: nn.Module, n_last_layers_ignore: int) -> list[str]:
             stacklevel=3,
         )
     chosen = ordered[: max(len(ordered) - n_last_layers_ignore, 0)]
-    layers = SURGERY_LAYERS["weight_standardization"]
+    layers = WeightStandardization.layers
     return [name for name in chosen if layers.kind(module.get_submodule(name)) is not None]
 
 
@@ -201,6 +201,7 @@ class WeightStandardization(Surgery):
 
     # After BlurPool it standardizes the convolution inside each blurred layer.
     rewrites_after: ClassVar[frozenset[str]] = frozenset({"blurpool"})
+    layers: ClassVar[LayerKinds] = LayerKinds((nn.Conv1d, nn.Conv2d, nn.Conv3d))
 
     def __post_init__(self) -> None:
         validate.integer("n_last_layers_ignore", self.n_last_layers_ignore, minimum=0)

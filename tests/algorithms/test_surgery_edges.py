@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from composer_fn.algorithms._surgery import module_with_tensors
+from composer_fn.algorithms import StochasticDepth
+from composer_fn.algorithms._surgery import LayerKinds, Surgery, module_with_tensors
 from composer_fn.algorithms.alibi import apply_alibi
 from composer_fn.algorithms.blurpool import apply_blurpool
 from composer_fn.algorithms.gated_linear_units import apply_gated_linear_units
@@ -18,7 +19,10 @@ from composer_fn.algorithms.low_precision_layernorm import apply_low_precision_l
 from composer_fn.algorithms.squeeze_excite import apply_squeeze_excite
 from composer_fn.algorithms.weight_standardization import apply_weight_standardization, standardize_weight
 from composer_fn.core import random as R
+from composer_fn.core.algorithm import REGISTRY
+from composer_fn.models import SmallCNN
 from composer_fn.models.lm import CausalLM
+from composer_fn.testing.settings import example, settings_for
 
 
 class _SharedStem(nn.Module):
@@ -131,3 +135,40 @@ def test_loading_the_state_into_a_tied_model_for_surgery_keeps_the_tie() -> None
     loaded = module_with_tensors(model, params, dict(model.named_buffers()))
     assert loaded.head.weight is loaded.token_embedding.weight
     assert torch.equal(loaded.head.weight, params["token_embedding.weight"])
+
+
+def _check_model(name: str) -> nn.Module:
+    settings = settings_for(name)
+    if settings.model is not None:
+        return settings.model()
+    if settings.modality == "tokens":
+        return CausalLM(16, d_model=16, n_heads=2, n_layers=1, max_seq_len=8)
+    return SmallCNN(in_channels=3, num_classes=4, width=8)
+
+
+DECLARING = sorted(name for name, cls in REGISTRY.items() if issubclass(cls, Surgery) and cls.layers is not None)
+
+
+@pytest.mark.parametrize("name", DECLARING)
+def test_a_surgery_rewrites_only_layers_of_the_kinds_its_record_declares(name: str) -> None:
+    surgery = example(name)
+    model = _check_model(name)
+    declared = [kinds for kinds in (getattr(type(surgery), a) for a in dir(type(surgery))) if isinstance(kinds, LayerKinds)]
+    targets = surgery.targets(model)
+    assert targets, f"{name} finds nothing to rewrite in its check model"
+    for target in targets:
+        layer = model.get_submodule(target)
+        assert any(kinds.kind(layer) is not None for kinds in declared), (target, type(layer).__name__)
+
+
+def test_every_surgery_that_looks_for_layers_by_class_declares_them_on_its_record() -> None:
+    assert DECLARING == [
+        "blurpool",
+        "factorize",
+        "ghost_batchnorm",
+        "low_precision_groupnorm",
+        "low_precision_layernorm",
+        "squeeze_excite",
+        "weight_standardization",
+    ]
+    assert set(StochasticDepth.blocks) == {"BasicBlock", "Bottleneck"}

@@ -17,7 +17,7 @@ from composer_fn.algorithms import (
     SqueezeExcite,
     StochasticDepth,
 )
-from composer_fn.algorithms._surgery import SURGERY_LAYERS, Withheld
+from composer_fn.algorithms._surgery import Withheld
 from composer_fn.algorithms.ghost_batchnorm import GhostBatchNormAct2d
 from composer_fn.algorithms.low_precision_layernorm import LPLayerNorm, LPLayerNorm2d
 from composer_fn.algorithms.stochastic_depth import StochasticBlock
@@ -115,7 +115,7 @@ def test_a_subclass_that_changes_forward_is_not_taken_for_its_base() -> None:
     class Renamed(nn.BatchNorm2d):
         pass
 
-    layers = SURGERY_LAYERS["ghost_batchnorm"]
+    layers = GhostBatchNorm.layers
     assert layers.kind(Renamed(3)) is not None
     assert layers.kind(Scaled(3)) is None
 
