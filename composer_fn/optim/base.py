@@ -11,6 +11,17 @@ parameter name::
 input passed through unchanged). Key order is preserved from ``updates``. Optimizer state is a pytree of
 NamedTuples, tuples and dicts of tensors, so it crosses the ``torch.compile`` boundary and saves with
 ``torch.save``.
+
+A transformation may carry two facts beside its pair: ``fused``, an in-place form of its whole step, and
+``learning_rate``, its base rate. The combinators keep them where the combination computes the same thing:
+
+- ``chain`` and ``named_chain`` keep the *last* transform's ``fused`` step, run after the ``update`` of the
+  transforms before it (which only change the gradients it is given: clipping, a mask, a decay), and its
+  ``learning_rate`` unless a transform before it has a rate of its own. A chain whose last transform has no
+  ``fused`` step has none: a transform after an optimizer changes the update it would write in place
+  (``scheduled`` is the in-place form of ``chain(optimizer, scale_by_schedule(s))``); nor does an empty chain.
+- ``masked`` keeps its transform's ``fused`` step, run on the masked-in parameters, the others taking their
+  passed-through update, and its ``learning_rate``.
 """
 
 from __future__ import annotations
@@ -71,8 +82,9 @@ class GradientTransformation(NamedTuple):
     update: UpdateFn
     fused: FusedFn | None = None
     """An optional in-place form of ``update`` then ``apply_updates`` for callers that own (donate) their
-    parameters and state, with the learning rate times ``scale`` (see ``composer_fn.optim.fused``). It must
-    compute what ``update`` computes, to rounding."""
+    parameters and state, with the learning rate times ``scale`` (see ``composer_fn.optim.fused``): ``params``
+    becomes ``params + scale · update`` and the state what ``update`` returns. It must compute what ``update``
+    computes, to rounding; the combinators keep it where that holds (see the module docstring)."""
     learning_rate: float | None = None
     """The optimizer's base learning rate, when it has one (for monitors; schedules multiply it)."""
 
@@ -162,7 +174,9 @@ def chain(*transforms: GradientTransformation) -> GradientTransformation:
     """Returns the composition ``t_n ∘ … ∘ t_1``: updates flow through ``transforms`` left to right.
 
     The state is a ``tuple`` holding each transform's state in order. Prefer :func:`named_chain` when the
-    state will be read back by a person or a callback.
+    state will be read back by a person or a callback. The chain's ``fused`` step and ``learning_rate`` are its
+    last transform's, kept as the module docstring says: ``chain(clip_by_global_norm(1.0), sgd(0.1))`` steps in
+    place with rate 0.1; ``chain(sgd(0.1), scale(0.5))`` has neither.
     """
     for index, transform in enumerate(transforms):
         _check_transform(f"transforms[{index}]", transform)
@@ -170,22 +184,46 @@ def chain(*transforms: GradientTransformation) -> GradientTransformation:
     def init(params: Params) -> tuple[OptState, ...]:
         return tuple(transform.init(params) for transform in transforms)
 
-    def update(
-        updates: Updates, state: OptState, params: Params | None = None
-    ) -> tuple[dict[str, Tensor], tuple[OptState, ...]]:
+    def checked(state: OptState) -> tuple[OptState, ...]:
         if not isinstance(state, tuple) or len(state) != len(transforms):
             raise ValueError(
                 f"state must be the tuple of {len(transforms)} states made by this chain's init, got {type(state).__name__}"
                 + (f" of length {len(state)}" if isinstance(state, tuple) else "")
             )
+        return state
+
+    def update(
+        updates: Updates, state: OptState, params: Params | None = None
+    ) -> tuple[dict[str, Tensor], tuple[OptState, ...]]:
         new_updates: dict[str, Tensor] = dict(updates)
         new_states = []
-        for transform, inner_state in zip(transforms, state, strict=True):
+        for transform, inner_state in zip(transforms, checked(state), strict=True):
             new_updates, new_state = transform.update(new_updates, inner_state, params)
             new_states.append(new_state)
         return new_updates, tuple(new_states)
 
-    return GradientTransformation(init, update)
+    last = transforms[-1] if transforms else None
+    if last is None or last.fused is None:
+        return GradientTransformation(init, update, learning_rate=_last_rate(transforms))
+    last_fused = last.fused
+
+    def fused(params: Params, grads: Updates, state: OptState, scale: float) -> tuple[OptState, ...]:
+        *leading, final = checked(state)
+        new_grads: dict[str, Tensor] = dict(grads)
+        new_states = []
+        for transform, inner_state in zip(transforms[:-1], leading, strict=True):
+            new_grads, new_state = transform.update(new_grads, inner_state, params)
+            new_states.append(new_state)
+        return (*new_states, last_fused(params, new_grads, final, scale))
+
+    return GradientTransformation(init, update, fused, _last_rate(transforms))
+
+
+def _last_rate(transforms: Sequence[GradientTransformation]) -> float | None:
+    # The last transform's rate is the chain's when no transform before it scales the updates by a rate of its own.
+    if not transforms or any(t.learning_rate is not None for t in transforms[:-1]):
+        return None
+    return transforms[-1].learning_rate
 
 
 def named_chain(*transforms: tuple[str, GradientTransformation]) -> GradientTransformation:
@@ -193,7 +231,7 @@ def named_chain(*transforms: tuple[str, GradientTransformation]) -> GradientTran
 
     ``named_chain(("momentum", trace(0.9)), ("learning_rate", scale(-0.1)))`` has the state
     ``{"momentum": TraceState(...), "learning_rate": EmptyState()}``, so a piece of state is found by what it
-    is, not by its position.
+    is, not by its position. Its ``fused`` step and ``learning_rate`` are kept as :func:`chain`'s.
     """
     names: list[str] = []
     for index, entry in enumerate(transforms):
@@ -209,21 +247,40 @@ def named_chain(*transforms: tuple[str, GradientTransformation]) -> GradientTran
     def init(params: Params) -> dict[str, OptState]:
         return {name: transform.init(params) for name, transform in transforms}
 
-    def update(
-        updates: Updates, state: OptState, params: Params | None = None
-    ) -> tuple[dict[str, Tensor], dict[str, OptState]]:
+    def checked(state: OptState) -> Mapping[str, OptState]:
         if not isinstance(state, Mapping) or set(state.keys()) != set(names):
             got = list(state.keys()) if isinstance(state, Mapping) else type(state).__name__
             raise ValueError(
                 f"state must be the dict made by this named_chain's init with keys {names}, got {got}"
             )
+        return state
+
+    def update(
+        updates: Updates, state: OptState, params: Params | None = None
+    ) -> tuple[dict[str, Tensor], dict[str, OptState]]:
+        state = checked(state)
         new_updates: dict[str, Tensor] = dict(updates)
         new_states: dict[str, OptState] = {}
         for name, transform in transforms:
             new_updates, new_states[name] = transform.update(new_updates, state[name], params)
         return new_updates, new_states
 
-    return GradientTransformation(init, update)
+    rate = _last_rate([transform for _, transform in transforms])
+    last_name, last = transforms[-1] if transforms else ("", None)
+    if last is None or last.fused is None:
+        return GradientTransformation(init, update, learning_rate=rate)
+    last_fused = last.fused
+
+    def fused(params: Params, grads: Updates, state: OptState, scale: float) -> dict[str, OptState]:
+        state = checked(state)
+        new_grads: dict[str, Tensor] = dict(grads)
+        new_states: dict[str, OptState] = {}
+        for name, transform in transforms[:-1]:
+            new_grads, new_states[name] = transform.update(new_grads, state[name], params)
+        new_states[last_name] = last_fused(params, new_grads, state[last_name], scale)
+        return new_states
+
+    return GradientTransformation(init, update, fused, rate)
 
 
 def masked(
@@ -234,7 +291,9 @@ def masked(
     ``u_k ← transform(u)_k`` where ``mask[k]``, and ``u_k ← u_k`` elsewhere. The inner transform sees (and
     keeps state for) the masked-in parameters only. ``mask`` is a mapping from every parameter name to a
     Python ``bool``, or a function building one: it is called on ``params`` in ``init`` and on ``updates``
-    in ``update``. Its values must be Python booleans so the selection is fixed at trace time.
+    in ``update``. Its values must be Python booleans so the selection is fixed at trace time. With a ``fused``
+    step in ``transform``, the masked transform has one: ``transform``'s on the masked-in parameters, and
+    ``p ← p + scale · u`` on the others; its ``learning_rate`` is ``transform``'s.
     """
     _check_transform("transform", transform)
     if not (callable(mask) or isinstance(mask, Mapping)):
@@ -263,7 +322,26 @@ def masked(
         new_inner, inner_state = transform.update(inner_updates, state.inner_state, inner_params)
         return {k: new_inner[k] if chosen[k] else u for k, u in updates.items()}, MaskedState(inner_state)
 
-    return GradientTransformation(init, update)
+    if transform.fused is None:
+        return GradientTransformation(init, update, learning_rate=transform.learning_rate)
+    inner_fused = transform.fused
+
+    def fused(params: Params, grads: Updates, state: OptState, scale: float) -> MaskedState:
+        chosen = resolve(grads)
+        inner_grads = {k: g for k, g in grads.items() if chosen[k]}
+        inner_params = {k: params[k] for k in inner_grads}
+        if inner_grads:
+            inner_state = inner_fused(inner_params, inner_grads, state.inner_state, scale)
+        else:
+            # Nothing for the in-place step to write: the state moves on as ``update`` moves it.
+            inner_state = transform.update({}, state.inner_state, {})[1]
+        passed = [k for k in grads if not chosen[k]]
+        if passed:
+            with torch.no_grad():
+                torch._foreach_add_([params[k] for k in passed], [grads[k] for k in passed], alpha=scale)
+        return MaskedState(inner_state)
+
+    return GradientTransformation(init, update, fused, transform.learning_rate)
 
 
 def _per_parameter(node: Any, names: frozenset[str]) -> bool:

@@ -519,6 +519,33 @@ def _batch_normed() -> nn.Module:
     return nn.Sequential(nn.Linear(6, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
 
 
+def test_an_optimizer_chained_after_clipping_keeps_its_rate_for_monitors_and_its_in_place_step() -> None:
+    from composer_fn.callbacks import LRMonitor
+    from composer_fn.loggers import InMemoryLogger
+
+    chained = optim.chain(optim.clip_by_global_norm(0.5), optim.sgd(0.1, momentum=0.9))
+    assert chained.fused is not None and chained.learning_rate == 0.1
+    steps: list[float] = []
+
+    def counted(params: Any, grads: Any, state: Any, scale: float) -> Any:
+        steps.append(scale)
+        return chained.fused(params, grads, state, scale)  # type: ignore[misc]
+
+    memory = InMemoryLogger()
+    in_place = _trainer(
+        optimizer=chained._replace(fused=counted), max_duration="4ba", callbacks=[LRMonitor()], loggers=[memory],
+        log_interval="1ba",
+    )
+    in_place.fit()
+    assert steps == [1.0] * 4
+    assert [r["lr"] for r in memory.records if r["kind"] == "train"] == [pytest.approx(0.1)] * 4
+    functional = _trainer(optimizer=chained._replace(fused=None), max_duration="4ba")
+    functional.fit()
+    for name, tensor in functional.state.params.items():
+        torch.testing.assert_close(in_place.state.params[name], tensor, rtol=1e-6, atol=1e-7)
+        assert not torch.equal(tensor, MLP(6, 2).state_dict()[name])
+
+
 def test_a_model_that_cannot_take_the_training_batch_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match=r"the model fails on train_dataloader's first batch \(inputs of shape \(1, 6\).*Linear, takes 5 features once flattened"):
         _trainer(MLP(5, 2)).fit()
