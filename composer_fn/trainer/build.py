@@ -38,7 +38,6 @@ from composer_fn.trainer.evaluator import Evaluator
 from composer_fn.trainer.first_batch import described
 from composer_fn.trainer.learning_rate import learning_rate
 from composer_fn.trainer.loaders import declared_batch_size
-from composer_fn.trainer.loss_scale import DynamicLossScale
 from composer_fn.trainer.options import Options, epochs_or_batches
 from composer_fn.trainer.outputs import (
     default_loss,
@@ -47,6 +46,7 @@ from composer_fn.trainer.outputs import (
     labelled_positions,
     settle_loss_function,
 )
+from composer_fn.trainer.precision import Precision
 
 __all__ = ["Run", "Losses", "build_run", "start_state", "to_device", "SUPPORTED_REQUIREMENTS"]
 
@@ -138,14 +138,9 @@ def build_run(
         raise ValueError(f"model={type(model).__name__} has no parameters to train")
     checked = _algorithms(algorithms)
     device = _device(execution.device if execution.device is not None else distributed.local_device(None))
-    precision = execution.precision
-    native = {"bf16-mixed": "_is_mkldnn_bf16_supported", "fp16-mixed": "_is_mkldnn_fp16_supported"}.get(precision)
-    if native is not None and device.type == "cpu" and not getattr(torch.ops.mkldnn, native)():
-        warnings.warn(
-            f"precision={precision!r} on this CPU, which lacks instructions for its 16-bit format, runs several "
-            "times slower than 'fp32' (autocast emulates it); use precision='fp32' on this machine",
-            stacklevel=3,
-        )
+    slow = Precision.of(execution.precision, device).emulated()
+    if slow is not None:
+        warnings.warn(slow, stacklevel=3)
     world = distributed.setup(device, execution.dist_timeout)
     distributed.check_loader(train_dataloader, "train_dataloader", world)
     for argument, loader in loaders[1:]:
@@ -252,10 +247,10 @@ def start_state(
     # Hugging Face models resolve their loss function once, here, so that no forward of the run logs doing it.
     structure = settle_loss_function(copy.deepcopy(model)).to(run.device).train()
     wants_data = any("train_data" in a.requires for a in run.algorithms)
-    precision = run.options.execution.precision
+    precision = Precision.of(run.options.execution.precision, run.device)
     static = Static(
         module=structure,
-        precision=precision,
+        precision=precision.name,
         device=run.device,
         seed=int(seed) if validate.is_integer(seed) else seed,
         train_inputs=train_inputs if wants_data else None,
@@ -280,8 +275,8 @@ def start_state(
         opt=run.tx.init(state.params),
         algos={a.name: a.init(static, state) for a in run.algorithms},
     )
-    if precision == "fp16-mixed":
-        state = state.replace(hparams={**state.hparams, **DynamicLossScale().init(static.device)})
+    if precision.loss_scaling:
+        state = state.replace(hparams={**state.hparams, **precision.loss_scale_entries()})
     return static, state, no_effect
 
 

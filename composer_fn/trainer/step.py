@@ -55,6 +55,7 @@ from composer_fn.trainer.eager_step import ModuleSlots, make_plain_step
 from composer_fn.trainer.loss_scale import DynamicLossScale
 from composer_fn.trainer.microbatch import Reduce, Summing, microbatched_step, norm_statistics
 from composer_fn.trainer.outputs import keyword_names, model_inputs, settle_loss_function
+from composer_fn.trainer.precision import Precision
 
 __all__ = [
     "check_class_targets",
@@ -161,16 +162,13 @@ def _unsqueeze(item: Any) -> Any:
 
 
 def precision_context(static: Static) -> contextlib.AbstractContextManager[Any]:
-    """Returns the autocast context for the static spec's precision (a null context for fp32)."""
-    if static.precision == "bf16-mixed":
-        return torch.autocast(device_type=static.device.type, dtype=torch.bfloat16)
-    if static.precision == "fp16-mixed":
-        return torch.autocast(device_type=static.device.type, dtype=torch.float16)
-    return contextlib.nullcontext()
+    """Returns the autocast context for the static spec's precision on its device (a null context for fp32)."""
+    return Precision.of(static.precision, static.device).autocast()
 
 
 def _forward(
     static: Static,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]],
     slots: ModuleSlots | None,
     keywords: bool,
     params: Mapping[str, Tensor],
@@ -184,7 +182,7 @@ def _forward(
     keywords = keywords and isinstance(input, Mapping)
     new_buffers = {name: b.clone() for name, b in buffers.items()}
     given = {**new_buffers, **keys} if keys else new_buffers
-    with precision_context(static):
+    with autocast():
         if slots is None:
             args, kwargs = ((), dict(input)) if keywords else ((input,), None)
             outputs = functional_call(static.module, (dict(params), given), args, kwargs)
@@ -269,10 +267,12 @@ def make_train_step(
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"grad_mode={grad_mode!r} must be one of {', '.join(GRAD_MODES)}")
     static = static.replace(module=settle_loss_function(static.module))
-    scaler = loss_scale if loss_scale is not None else (DynamicLossScale() if static.precision == "fp16-mixed" else None)
+    # The precision is settled here, once: the traced code only enters its autocast.
+    precision = Precision.of(static.precision, static.device)
+    scaler = loss_scale if loss_scale is not None else precision.loss_scale()
     slots = ModuleSlots(static.module) if grad_mode == "autograd" else None
     key_names = forward_key_names(static.module)
-    forward_with = functools.partial(_forward, static, slots, input_key is None)
+    forward_with = functools.partial(_forward, static, precision.autocast, slots, input_key is None)
     accepted = keyword_names(static.module) if input_key is None else None
     model_input = functools.partial(model_inputs, input_key=input_key, accepted=accepted)
     update = functools.partial(_optimize, tx, donate=donate)
@@ -282,7 +282,7 @@ def make_train_step(
             forward_with,
             loss_fn,
             update,
-            precision=functools.partial(precision_context, static),
+            precision=precision.autocast,
             model_input=model_input,
             frozen=frozen,
             key_names=key_names,
@@ -298,7 +298,7 @@ def make_train_step(
         state, ctx = state.replace(buffers=buffers), ctx.replace(outputs=outputs)
         state, ctx = run_event(Event.AFTER_FORWARD, plan, state, ctx)
         state, ctx = run_event(Event.BEFORE_LOSS, plan, state, ctx)
-        with precision_context(static):
+        with precision.autocast():
             ctx = ctx.replace(loss=ctx.loss_fn(ctx.outputs, ctx.batch))
         state, ctx = run_event(Event.AFTER_LOSS, plan, state, ctx)
         state, ctx = run_event(Event.BEFORE_BACKWARD, plan, state, ctx)
@@ -586,7 +586,7 @@ def make_eval_step(
     as in ``make_train_step`` (keyword arguments from a mapping batch with ``input_key=None``).
     """
     accepted = keyword_names(static.module) if input_key is None else None
-
+    autocast = Precision.of(static.precision, static.device).autocast
     keyed = bool(plan.hooks)
     before, after = (
         (Event.PREDICT_BEFORE_FORWARD, Event.PREDICT_AFTER_FORWARD)
@@ -599,7 +599,7 @@ def make_eval_step(
         state, ctx = run_event(before, plan, state, ctx)
         inputs = model_inputs(ctx.batch, input_key, accepted)
         args, kwargs = ((), dict(inputs)) if input_key is None and isinstance(inputs, Mapping) else ((inputs,), None)
-        with torch.no_grad(), precision_context(static):
+        with torch.no_grad(), autocast():
             outputs = functional_call(static.module, (dict(state.params), dict(state.buffers)), args, kwargs)
         state, ctx = run_event(after, plan, state, ctx.replace(outputs=outputs))
         result: Tensor = ctx.outputs
