@@ -325,22 +325,22 @@ class Timestamp:
         """Return the timestamp after one more batch of `samples` samples and `tokens` tokens taking `duration` s."""
         if samples < 0 or tokens < 0:
             raise ValueError(f"samples={samples!r} and tokens={tokens!r} must both be >= 0")
-        # Built directly rather than through dataclasses.replace: this runs on every training step.
-        return Timestamp(
-            self.iteration,
-            self.epoch,
-            self.batch + 1,
-            self.sample + samples,
-            self.token + tokens,
-            self.epoch_in_iteration,
-            self.batch_in_epoch + 1,
-            self.sample_in_epoch + samples,
-            self.token_in_epoch + tokens,
-            self.total_wct + duration,
-            self.epoch_wct + duration,
-            duration,
-            self.max_duration,
+        # Built from a copy of the fields rather than through __init__: this runs on every training step.
+        fields = self.__dict__.copy()
+        fields.update(
+            batch=self.batch + 1,
+            sample=self.sample + samples,
+            token=self.token + tokens,
+            batch_in_epoch=self.batch_in_epoch + 1,
+            sample_in_epoch=self.sample_in_epoch + samples,
+            token_in_epoch=self.token_in_epoch + tokens,
+            total_wct=self.total_wct + duration,
+            epoch_wct=self.epoch_wct + duration,
+            batch_wct=duration,
         )
+        advanced = object.__new__(Timestamp)
+        object.__setattr__(advanced, "__dict__", fields)
+        return advanced
 
     def next_epoch(self, duration: float = 0.0) -> Timestamp:
         """Return the timestamp at the start of the next epoch; `duration` s are added to `total_wct`."""

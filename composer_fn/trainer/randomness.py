@@ -64,7 +64,7 @@ class ModelDraws:
     def enter(self, step: int, offset: int) -> list[torch.Tensor]:
         """Seeds the generators for ``step`` and the step's first sample at ``offset`` of the global batch;
         returns their earlier state, for ``leave``."""
-        saved = [generator.get_state() for generator in self._generators]
+        saved = list(map(torch.Generator.get_state, self._generators))
         self._step = step
         self._seed(step, offset)
         return saved
