@@ -8,13 +8,15 @@ construction: ``replace`` returns a new record, and the dictionaries they hold a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import torch
 import torch.utils._pytree as pytree
 from torch import Tensor, nn
+
+from composer_fn.core.records import Record, optional_entries, record, static
 
 __all__ = [
     "initial_state", "State", "StepCtx", "Static", "BatchMeta", "batch_meta",
@@ -28,45 +30,9 @@ ForwardFn = Callable[[Mapping[str, Tensor], Mapping[str, Tensor], Any], tuple[An
 GradientFn = Callable[[Mapping[str, Tensor]], tuple[Tensor, dict[str, Tensor]]]
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16-mixed", "fp16-mixed")
 
-_R = TypeVar("_R", bound="_Record")
 
-
-class _Record:
-    """Frozen-record behaviour shared by State and StepCtx: a ``replace`` that costs well under a microsecond."""
-
-    _fields: frozenset[str] = frozenset()
-
-    def replace(self: _R, **changes: Any) -> _R:
-        """Returns a copy of the record with the given fields changed; the record itself is unchanged."""
-        for name in changes:
-            if name not in self._fields:
-                unknown = sorted(n for n in changes if n not in self._fields)
-                raise TypeError(
-                    f"{type(self).__name__}.replace got unknown field(s) {unknown}; "
-                    f"fields are {sorted(self._fields)}"
-                )
-        if torch.compiler.is_compiling():
-            # Some dynamo versions (2.11 among them) cannot copy an instance's __dict__; reading each field is
-            # traceable everywhere and costs nothing once traced.
-            return type(self)(**{name: changes.get(name, getattr(self, name)) for name in self._fields})
-        values = self.__dict__.copy()
-        values.update(changes)
-        return _build(type(self), values)
-
-
-def _build(cls: type[_R], fields: dict[str, Any]) -> _R:
-    """Returns a record of ``cls`` holding ``fields`` (every field, by name), without running ``__init__``."""
-    if torch.compiler.is_compiling():
-        # Some dynamo versions (2.11 among them) lose the fields of an object whose ``__dict__`` is assigned
-        # whole; every version traces the dataclass constructor, whose cost does not matter in a trace.
-        return cls(**fields)
-    new = object.__new__(cls)
-    object.__setattr__(new, "__dict__", fields)
-    return new
-
-
-@dataclass(frozen=True, eq=False)
-class State(_Record):
+@record(serialized_type_name="composer_fn.State")
+class State(Record):
     """Everything training carries from one step to the next, as tensors.
 
     Attributes:
@@ -83,7 +49,7 @@ class State(_Record):
     params: Mapping[str, Tensor]
     buffers: Mapping[str, Tensor]
     opt: Any
-    algos: Mapping[str, Any]
+    algos: Mapping[str, Any] = optional_entries()
     hparams: Mapping[str, Tensor]
     step: Tensor
     key: Tensor
@@ -93,8 +59,8 @@ class State(_Record):
         return self.replace(algos={**self.algos, name: entry})
 
 
-@dataclass(frozen=True, eq=False)
-class StepCtx(_Record):
+@record(serialized_type_name="composer_fn.StepCtx")
+class StepCtx(Record):
     """What one step passes between its traced events (Composer's ``state.batch/outputs/loss``, as data).
 
     Attributes:
@@ -121,91 +87,20 @@ class StepCtx(_Record):
 
     batch: Any
     key: Tensor
-    loss_fn: LossFn
-    forward: ForwardFn | None = None
-    per_sample_loss_fn: LossFn | None = None
-    gradient_fn: GradientFn | None = None
+    loss_fn: LossFn = static()
+    forward: ForwardFn | None = static(default=None)
+    per_sample_loss_fn: LossFn | None = static(default=None)
+    gradient_fn: GradientFn | None = static(default=None)
     outputs: Any = None
     loss: Tensor | None = None
     per_sample_loss: Tensor | None = None
     grads: Mapping[str, Tensor] | None = None
-    scratch: Mapping[str, Any] = field(default_factory=dict)
-    offset: int = 0
+    scratch: Mapping[str, Any] = optional_entries(default_factory=dict)
+    offset: int = static(default=0)
 
     def with_scratch(self, name: str, value: Any, **changes: Any) -> StepCtx:
         """Returns a copy whose ``scratch[name]`` is ``value``, with any other ``changes`` to its fields."""
         return self.replace(scratch={**self.scratch, name: value}, **changes)
-
-
-State._fields = frozenset(f.name for f in dataclasses.fields(State))
-StepCtx._fields = frozenset(f.name for f in dataclasses.fields(StepCtx))
-_STATE_FIELDS = tuple(f.name for f in dataclasses.fields(State))
-_CTX_CONSTANTS = ("loss_fn", "forward", "per_sample_loss_fn", "gradient_fn", "offset")
-_CTX_FIELDS = tuple(f.name for f in dataclasses.fields(StepCtx) if f.name not in _CTX_CONSTANTS)
-
-# None is never a leaf: None fields and None entries of the per-algorithm mappings go into the flatten
-# context. torch.func's auxiliary outputs accept tensor leaves only, and an algorithm without state has None.
-_MAPPING_FIELDS = frozenset({"algos", "scratch"})
-
-
-def _split_nones(record: _Record, names: tuple[str, ...]) -> tuple[list[Any], Hashable]:
-    values: list[Any] = []
-    layout: list[Any] = []
-    for name in names:
-        value = record.__dict__[name]
-        if value is None:
-            layout.append((name, None))
-        elif name in _MAPPING_FIELDS and any(v is None for v in value.values()):
-            keys = tuple(value)
-            absent = tuple(k for k in keys if value[k] is None)
-            values.append({k: v for k, v in value.items() if v is not None})
-            layout.append((name, (keys, absent)))
-        else:
-            values.append(value)
-            layout.append((name, ()))
-    return values, tuple(layout)
-
-
-def _join_nones(values: Any, layout: Hashable) -> dict[str, Any]:
-    remaining = iter(values)
-    fields: dict[str, Any] = {}
-    for name, shape in layout:  # type: ignore[attr-defined]
-        if shape is None:
-            fields[name] = None
-        elif shape:
-            keys, absent = shape
-            present = next(remaining)
-            fields[name] = {k: None if k in absent else present[k] for k in keys}
-        else:
-            fields[name] = next(remaining)
-    return fields
-
-
-def _register(cls: type[_Record], fields: tuple[str, ...], constants: tuple[str, ...] = ()) -> None:
-    # Tensors (and mappings of them) are leaves; None markers and the functions and integers a record carries
-    # go into the context, which torch.func and torch.compile treat as constants.
-    def flatten(record: _Record) -> tuple[list[Any], tuple[tuple[Any, ...], Hashable]]:
-        values, layout = _split_nones(record, fields)
-        return values, (tuple(record.__dict__[name] for name in constants), layout)
-
-    def unflatten(values: Any, context: tuple[tuple[Any, ...], Hashable]) -> _Record:
-        captured, layout = context
-        built = _join_nones(values, layout)
-        built.update(zip(constants, captured, strict=True))
-        return _build(cls, built)
-
-    def with_keys(record: _Record) -> tuple[list[tuple[Any, Any]], tuple[tuple[Any, ...], Hashable]]:
-        values, context = flatten(record)
-        names = [name for name, shape in context[1] if shape is not None]  # type: ignore[attr-defined]
-        return [(pytree.GetAttrKey(n), v) for n, v in zip(names, values, strict=True)], context
-
-    pytree.register_pytree_node(
-        cls, flatten, unflatten, serialized_type_name=f"composer_fn.{cls.__name__}", flatten_with_keys_fn=with_keys
-    )
-
-
-_register(State, _STATE_FIELDS)
-_register(StepCtx, _CTX_FIELDS, _CTX_CONSTANTS)
 
 
 @dataclass(frozen=True)
