@@ -4,7 +4,8 @@
 the parameters and the buffers (Composer averages BatchNorm statistics too). A half-life ``h`` gives
 ``smoothing = 2 ** (-update_interval / h)``: the weight of an update falls to one half after ``h``.
 
-The average lives in ``State.algos["ema"]`` next to the training weights, never in place of them:
+The average lives in ``State.algos["ema"]``, an ``EMAState``, next to the training weights, never in place of
+them:
 
 - an interval in batches updates inside the compiled step at ``AFTER_OPTIMIZER_STEP``; one in epochs updates on
   the host at ``EPOCH_END``;
@@ -21,7 +22,7 @@ import functools
 import math
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -31,10 +32,11 @@ from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
 from composer_fn.core.event import Event
 from composer_fn.core.host import eager
+from composer_fn.core.records import Record, record
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx
 from composer_fn.core.time import Time, Timestamp, TimeUnit
 
-__all__ = ["EMA", "compute_ema", "ema_smoothing", "ema_update"]
+__all__ = ["EMA", "EMAState", "compute_ema", "ema_smoothing", "ema_update"]
 
 _INTERVAL_UNITS = (TimeUnit.BATCH, TimeUnit.EPOCH)
 _START_UNITS = (TimeUnit.BATCH, TimeUnit.EPOCH, TimeUnit.DURATION)
@@ -187,6 +189,22 @@ def _copies(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return {n: t.detach().clone() for n, t in tensors.items()}
 
 
+@record
+class EMAState(Record):
+    """EMA's entry of ``State.algos``: the average of the weights, and whether it has started.
+
+    Attributes:
+        params: the averaged parameters by qualified name (the training ones while an evaluation has the average
+            swapped in).
+        buffers: the averaged buffers by qualified name, likewise.
+        started: 0-d bool tensor: whether averaging has begun (evaluation uses the average only from then on).
+    """
+
+    params: Mapping[str, Tensor]
+    buffers: Mapping[str, Tensor]
+    started: Tensor
+
+
 @register
 @dataclass(frozen=True)
 class EMA(Algorithm):
@@ -221,12 +239,12 @@ class EMA(Algorithm):
     def _in_batches(self) -> bool:
         return _schedule(self).interval.unit is TimeUnit.BATCH
 
-    def init(self, static: Static, state: State) -> dict[str, Any]:
-        return {
-            "params": _copies(state.params),
-            "buffers": _copies(state.buffers),
-            "started": torch.zeros((), dtype=torch.bool, device=state.step.device),
-        }
+    def init(self, static: Static, state: State) -> EMAState:
+        return EMAState(
+            params=_copies(state.params),
+            buffers=_copies(state.buffers),
+            started=torch.zeros((), dtype=torch.bool, device=state.step.device),
+        )
 
     def traced_hooks(self, plan_key: Hashable = ()) -> Mapping[Event, Hook]:
         if not self._in_batches:
@@ -284,25 +302,19 @@ class EMA(Algorithm):
         return static, self._restarted(state) if restarts else self._averaged(state, self.update_smoothing)
 
     def _averaged(self, state: State, smoothing: float) -> State:
-        entry = state.algos[self.name]
+        entry: EMAState = state.algos[self.name]
         # One foreach call over parameters and buffers together: qualified names never collide across them.
-        average = ema_update(
-            {**entry["params"], **entry["buffers"]}, {**state.params, **state.buffers}, smoothing
+        average = ema_update({**entry.params, **entry.buffers}, {**state.params, **state.buffers}, smoothing)
+        new_entry = entry.replace(
+            params={n: average[n] for n in entry.params}, buffers={n: average[n] for n in entry.buffers}
         )
-        new_entry = {
-            "params": {n: average[n] for n in entry["params"]},
-            "buffers": {n: average[n] for n in entry["buffers"]},
-            "started": entry["started"],
-        }
         return state.with_algo(self.name, new_entry)
 
     def _restarted(self, state: State) -> State:
-        entry = state.algos[self.name]
-        new_entry = {
-            "params": _copies(state.params),
-            "buffers": _copies(state.buffers),
-            "started": torch.ones_like(entry["started"]),
-        }
+        entry: EMAState = state.algos[self.name]
+        new_entry = EMAState(
+            params=_copies(state.params), buffers=_copies(state.buffers), started=torch.ones_like(entry.started)
+        )
         return state.with_algo(self.name, new_entry)
 
     def _swap(
@@ -310,13 +322,12 @@ class EMA(Algorithm):
     ) -> tuple[Static, State]:
         # Selecting with the start flag keeps the hook free of host reads of tensor values; before the
         # average has started both selections return the training weights, and swapping twice is exact.
-        entry = state.algos[self.name]
-        started = entry["started"]
-        params = {n: torch.where(started, entry["params"][n], p) for n, p in state.params.items()}
-        buffers = {n: torch.where(started, entry["buffers"][n], b) for n, b in state.buffers.items()}
-        kept = {
-            "params": {n: torch.where(started, p, entry["params"][n]) for n, p in state.params.items()},
-            "buffers": {n: torch.where(started, b, entry["buffers"][n]) for n, b in state.buffers.items()},
-            "started": started,
-        }
+        entry: EMAState = state.algos[self.name]
+        started = entry.started
+        params = {n: torch.where(started, entry.params[n], p) for n, p in state.params.items()}
+        buffers = {n: torch.where(started, entry.buffers[n], b) for n, b in state.buffers.items()}
+        kept = entry.replace(
+            params={n: torch.where(started, p, entry.params[n]) for n, p in state.params.items()},
+            buffers={n: torch.where(started, b, entry.buffers[n]) for n, b in state.buffers.items()},
+        )
         return static, state.with_algo(self.name, kept).replace(params=params, buffers=buffers)

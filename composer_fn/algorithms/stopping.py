@@ -3,7 +3,8 @@
 Stopping changes the run, so these are algorithms: each declares ``Capabilities.stops``, a pure rule the
 trainer applies after each measurement of the evaluator labelled ``dataloader_label`` (a plain
 ``eval_dataloader`` is labelled ``'eval'``), or at each log step (``'train'``), with the rule's memory (the best
-value so far, when it was seen) in ``State.algos``, so a resumed run stops where the uninterrupted one would.
+value so far, when it was seen: a ``StopperState``) in ``State.algos``, so a resumed run stops where the
+uninterrupted one would.
 The run then ends at that batch as if it were ``max_duration``: FIT_END, the final checkpoint and evaluation
 follow. ``monitor`` is the metric's name within its evaluator (``loss``, ``accuracy``, a torchmetrics
 metric's name: read as ``eval/<label>/<monitor>``) or in the training record (``loss``, a monitor's
@@ -19,16 +20,17 @@ import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+from torch import Tensor
 
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Capabilities, ChangesNothing, register
+from composer_fn.core.records import Record, record
 from composer_fn.core.state import State, Static
 from composer_fn.core.time import Timestamp, TimeUnit
 
-__all__ = ["EarlyStopper", "ThresholdStopper"]
+__all__ = ["EarlyStopper", "StopperState", "ThresholdStopper"]
 
 _COMPARISONS = ("lt", "gt", "le", "ge")
 
@@ -104,6 +106,35 @@ def _patience(patience: int | str) -> tuple[int, TimeUnit | None]:
     return validate.integer("patience", patience, minimum=1, hint="checks without improvement, or a span like '2ep'"), None
 
 
+@record
+class StopperState(Record):
+    """EarlyStopper's entry of ``State.algos``: what its rule remembers between checks, as 0-d tensors on the host.
+
+    Attributes:
+        best: the best value so far (float64; 0 before there is one).
+        checks_since: the number of checks since the one that set the best (int64).
+        has_best: whether a finite value has been seen, so that ``best`` holds one (bool).
+        best_batch: the batch count at the check that set the best (int64).
+        best_epoch: the epoch count at the check that set the best (int64).
+    """
+
+    best: Tensor
+    checks_since: Tensor
+    has_best: Tensor
+    best_batch: Tensor
+    best_epoch: Tensor
+
+
+def _stopper_state(best: float, checks_since: int, has_best: bool, best_batch: int, best_epoch: int) -> StopperState:
+    return StopperState(
+        best=torch.tensor(best, dtype=torch.float64),
+        checks_since=torch.tensor(checks_since, dtype=torch.int64),
+        has_best=torch.tensor(has_best, dtype=torch.bool),
+        best_batch=torch.tensor(best_batch, dtype=torch.int64),
+        best_epoch=torch.tensor(best_epoch, dtype=torch.int64),
+    )
+
+
 @register
 @dataclass(frozen=True)
 class EarlyStopper(Algorithm):
@@ -132,9 +163,8 @@ class EarlyStopper(Algorithm):
         validate.real("min_delta", self.min_delta, minimum=0.0)
         _patience(self.patience)
 
-    def init(self, static: Static, state: State) -> torch.Tensor:
-        # [best value so far, checks since it, whether there is a best yet, batch and epoch of the best]
-        return torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    def init(self, static: Static, state: State) -> StopperState:
+        return _stopper_state(best=0.0, checks_since=0, has_best=False, best_batch=0, best_epoch=0)
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
@@ -164,22 +194,24 @@ class EarlyStopper(Algorithm):
             f"{max_steps}: it can never stop this run"
         )
 
-    def _stops(self, entry: Any, metrics: Mapping[str, float], where: str, timestamp: Timestamp) -> tuple[Any, bool]:
+    def _stops(
+        self, entry: StopperState, metrics: Mapping[str, float], where: str, timestamp: Timestamp
+    ) -> tuple[StopperState, bool]:
         if where != self.dataloader_label:
             return entry, False
         value = _value(metrics, self.monitor, "EarlyStopper", where)
-        best, waited, known, batch, epoch = (float(x) for x in entry)
+        best, waited, known = float(entry.best), int(entry.checks_since), bool(entry.has_best)
+        batch, epoch = int(entry.best_batch), int(entry.best_epoch)
         comp = _better(self.comp, self.monitor)
         # An improvement beats the best by more than min_delta; the first finite value sets the best.
         shifted = None if value is None else (value + self.min_delta if comp in ("lt", "le") else value - self.min_delta)
-        if value is not None and shifted is not None and (not bool(known) or _compares(comp, shifted, best)):
-            best, waited, known, batch, epoch = value, 0.0, 1.0, float(timestamp.batch), float(timestamp.epoch)
+        if value is not None and shifted is not None and (not known or _compares(comp, shifted, best)):
+            best, waited, known, batch, epoch = value, 0, True, timestamp.batch, timestamp.epoch
         else:
             waited += 1
         span, unit = _patience(self.patience)
         since = {None: waited, TimeUnit.BATCH: timestamp.batch - batch, TimeUnit.EPOCH: timestamp.epoch - epoch}[unit]
-        entry = torch.tensor([best, waited, known, batch, epoch], dtype=torch.float64)
-        return entry, bool(waited) and since >= span
+        return _stopper_state(best, waited, known, batch, epoch), bool(waited) and since >= span
 
 
 @register
@@ -220,7 +252,7 @@ class ThresholdStopper(Algorithm):
                 f"would never stop; expected a threshold within [{low:g}, {high:g}]"
             )
 
-    def _stops(self, entry: Any, metrics: Mapping[str, float], where: str, timestamp: Timestamp) -> tuple[Any, bool]:
+    def _stops(self, entry: None, metrics: Mapping[str, float], where: str, timestamp: Timestamp) -> tuple[None, bool]:
         if where != self.dataloader_label:
             return entry, False
         value = _value(metrics, self.monitor, "ThresholdStopper", where)

@@ -11,7 +11,7 @@ When each event happens follows Composer: an interval in batches is checked at `
 at ``EPOCH_END``; the events from the first one at or after ``swa_start`` are counted and every
 ``update_interval``-th one (the first included) updates the average; the first event at or after ``swa_end``
 ends averaging. Those times are fixed by the schedule, so they are computed on the host, and the average and
-its count live in ``State.algos["swa"]``.
+its count live in ``State.algos["swa"]``, an ``SWAState``.
 
 With ``schedule_swa_lr``, from the first update on the learning-rate multiplier anneals (``'linear'`` or
 ``'cos'``) from its value at ``swa_start``, ``m0``, to ``swa_lr`` over ``anneal_steps`` updates, like
@@ -41,10 +41,11 @@ from composer_fn.algorithms._timing import batch_end_times, epoch_end_times
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Capabilities, Hook, HostHook, register
 from composer_fn.core.event import Event
+from composer_fn.core.records import Record, record
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx
 from composer_fn.core.time import Time, Timestamp, TimeUnit
 
-__all__ = ["SWA", "swa_update", "recompute_batchnorm", "SWASchedule"]
+__all__ = ["SWA", "SWAState", "swa_update", "recompute_batchnorm", "SWASchedule"]
 
 _WINDOW_UNITS = (TimeUnit.DURATION, TimeUnit.EPOCH)
 _INTERVAL_UNITS = (TimeUnit.BATCH, TimeUnit.EPOCH)
@@ -178,6 +179,19 @@ class SWASchedule:
         return self.start_multiplier + (self.swa_lr - self.start_multiplier) * float(self._annealed(part))
 
 
+@record
+class SWAState(Record):
+    """SWA's entry of ``State.algos``: the running average of the weights and how many it has taken in.
+
+    Attributes:
+        params: the averaged parameters by qualified name.
+        n_averaged: 0-d int64 tensor: the number of weight sets averaged so far.
+    """
+
+    params: Mapping[str, Tensor]
+    n_averaged: Tensor
+
+
 @register
 @dataclass(frozen=True)
 class SWA(Algorithm):
@@ -232,11 +246,11 @@ class SWA(Algorithm):
     def _in_batches(self) -> bool:
         return self._interval.unit is TimeUnit.BATCH
 
-    def init(self, static: Static, state: State) -> dict[str, Any]:
-        return {
-            "params": {n: p.detach().clone() for n, p in state.params.items()},
-            "n_averaged": torch.zeros((), dtype=torch.int64, device=state.step.device),
-        }
+    def init(self, static: Static, state: State) -> SWAState:
+        return SWAState(
+            params={n: p.detach().clone() for n, p in state.params.items()},
+            n_averaged=torch.zeros((), dtype=torch.int64, device=state.step.device),
+        )
 
     def traced_hooks(self, plan_key: Hashable = ()) -> Mapping[Event, Hook]:
         return {Event.AFTER_OPTIMIZER_STEP: self._update_in_step} if self._in_batches else {}
@@ -324,10 +338,9 @@ class SWA(Algorithm):
         )
 
     def _averaged(self, state: State) -> State:
-        entry = state.algos[self.name]
-        average = swa_update(entry["params"], state.params, entry["n_averaged"])
-        new_entry = {"params": average, "n_averaged": entry["n_averaged"] + 1}
-        return state.with_algo(self.name, new_entry)
+        entry: SWAState = state.algos[self.name]
+        average = swa_update(entry.params, state.params, entry.n_averaged)
+        return state.with_algo(self.name, SWAState(params=average, n_averaged=entry.n_averaged + 1))
 
     def _update_in_step(self, state: State, ctx: StepCtx) -> tuple[State, StepCtx]:
         return self._averaged(state), ctx
@@ -337,8 +350,8 @@ class SWA(Algorithm):
     ) -> tuple[Static, State]:
         if static.train_inputs is None:
             raise ValueError("SWA requires 'train_data' (Static.train_inputs) to recompute BatchNorm statistics")
-        entry = state.algos[self.name]
-        params = {n: p.clone() for n, p in entry["params"].items()}
+        entry: SWAState = state.algos[self.name]
+        params = {n: p.clone() for n, p in entry.params.items()}
         buffers = recompute_batchnorm(static.module, params, state.buffers, static.train_inputs())
         return static, state.replace(params=params, buffers=buffers)
 

@@ -190,9 +190,9 @@ def test_the_average_restarts_at_ema_start_then_moves_at_each_interval() -> None
     expected = dict(weights[3])
     for k in (4, 6, 8):
         expected = {n: 0.5 * expected[n] + 0.5 * weights[k][n] for n in expected}
-    for name, tensor in final.algos["ema"]["params"].items():
+    for name, tensor in final.algos["ema"].params.items():
         torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-6)
-    assert bool(final.algos["ema"]["started"])
+    assert bool(final.algos["ema"].started)
 
 
 def test_evaluation_before_the_start_sees_the_training_weights() -> None:
@@ -236,9 +236,9 @@ def test_the_trainer_evaluates_with_the_averaged_weights() -> None:
     trained = _trainer([EMA(half_life="5ba")], max_duration="12ba")
     metrics = trained.fit()
     average = trained.state.algos["ema"]
-    assert not all(torch.equal(average["params"][n], p) for n, p in trained.state.params.items())
+    assert not all(torch.equal(average.params[n], p) for n, p in trained.state.params.items())
     plain = _trainer(max_duration="12ba")
-    plain.state = plain.state.replace(params=dict(average["params"]), buffers=dict(average["buffers"]))
+    plain.state = plain.state.replace(params=dict(average.params), buffers=dict(average.buffers))
     expected = plain.eval()
     assert metrics["eval/eval/accuracy"] == expected["eval/eval/accuracy"]
     assert metrics["eval/eval/loss"] == expected["eval/eval/loss"]
@@ -262,7 +262,7 @@ def test_resuming_from_a_mid_run_checkpoint_equals_the_uninterrupted_run(tmp_pat
     resumed = _trainer(algorithms, load_path=checkpoint, eval_interval="5ba")
     resumed.fit()
     assert _leaves_equal(uninterrupted.state, resumed.state)
-    assert bool(resumed.state.algos["ema"]["started"])
+    assert bool(resumed.state.algos["ema"].started)
 
 
 class _EpochWeights(Callback):
@@ -284,5 +284,5 @@ def test_an_interval_in_epochs_updates_at_epoch_ends_from_ema_start() -> None:
     # Composer's EPOCH_END counts the finished epoch, so ema_start='1ep' restarts at the end of the first one.
     expected = {n: smoothing * first[n] + (1 - smoothing) * second[n] for n in first}
     expected = {n: smoothing * expected[n] + (1 - smoothing) * third[n] for n in first}
-    for name, tensor in trainer.state.algos["ema"]["params"].items():
+    for name, tensor in trainer.state.algos["ema"].params.items():
         torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-6)

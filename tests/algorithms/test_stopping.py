@@ -3,6 +3,7 @@ uninterrupted one did, and a bad argument or an unlogged metric is refused namin
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from composer_fn import Trainer, optim
 from composer_fn import random as R
 from composer_fn.algorithms import EarlyStopper, ThresholdStopper
+from composer_fn.algorithms.stopping import StopperState
 from composer_fn.core.time import Timestamp
 from composer_fn.data import TensorLoader
 from composer_fn.loggers import InMemoryLogger
@@ -89,7 +91,10 @@ def test_a_resumed_run_stops_where_the_uninterrupted_one_did(tmp_path: Path) -> 
     middle = next(path for path in latest if int(path.stem.split("ba")[1]) >= whole.timestamp.batch // 2)
     resumed, _ = _run(stopper, max_duration="60ba", load_path=str(middle))
     assert resumed.timestamp.batch == whole.timestamp.batch
-    assert torch.equal(resumed.state.algos["early_stopper"], whole.state.algos["early_stopper"])
+    remembered, expected = resumed.state.algos["early_stopper"], whole.state.algos["early_stopper"]
+    assert isinstance(remembered, StopperState)
+    for field in dataclasses.fields(StopperState):
+        assert torch.equal(getattr(remembered, field.name), getattr(expected, field.name)), field.name
 
 
 @given(

@@ -207,7 +207,7 @@ def test_the_run_ends_on_the_average_of_the_planned_weights_with_batchnorm_recom
     update_bn((x for x, _ in loader), bn_model)
     for name, tensor in bn_model.named_buffers():
         torch.testing.assert_close(trained.state.buffers[name], tensor, rtol=0, atol=1e-5)
-    assert int(trained.state.algos["swa"]["n_averaged"]) == len(updates)
+    assert int(trained.state.algos["swa"].n_averaged) == len(updates)
 
 
 def test_before_swa_end_training_is_unchanged_and_after_it_goes_on_from_the_average() -> None:
@@ -219,8 +219,8 @@ def test_before_swa_end_training_is_unchanged_and_after_it_goes_on_from_the_aver
     trained.fit()
     assert _leaves_equal(plain_weights.weights[5], swa_weights.weights[5])
     assert not _leaves_equal(plain_weights.weights[6], swa_weights.weights[6])
-    assert _leaves_equal(swa_weights.weights[6], trained.state.algos["swa"]["params"])
-    assert not _leaves_equal(swa_weights.weights[9], trained.state.algos["swa"]["params"])
+    assert _leaves_equal(swa_weights.weights[6], trained.state.algos["swa"].params)
+    assert not _leaves_equal(swa_weights.weights[9], trained.state.algos["swa"].params)
 
 
 def test_resuming_from_a_mid_window_checkpoint_equals_the_uninterrupted_run(tmp_path: Path) -> None:
@@ -232,7 +232,7 @@ def test_resuming_from_a_mid_window_checkpoint_equals_the_uninterrupted_run(tmp_
     resumed = _trainer(algorithms, load_path=checkpoint)
     resumed.fit()
     assert _leaves_equal(uninterrupted.state, resumed.state)
-    assert int(resumed.state.algos["swa"]["n_averaged"]) > 0
+    assert int(resumed.state.algos["swa"].n_averaged) > 0
 
 
 def test_a_compiled_run_equals_the_eager_run(fresh_compiler) -> None:

@@ -66,7 +66,7 @@ def test_with_ema_the_model_holds_the_average_and_the_run_keeps_training_weights
     trainer.fit()
     before = {name: tensor.clone() for name, tensor in trainer.state.params.items()}
     model = trainer.model
-    average = trainer.state.algos["ema"]["params"]
+    average = trainer.state.algos["ema"].params
     for name, parameter in model.named_parameters():
         assert torch.equal(parameter, average[name])
         assert not torch.equal(parameter, trainer.state.params[name])
