@@ -18,8 +18,9 @@ from __future__ import annotations
 import fnmatch
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -106,7 +107,16 @@ def _patience(patience: int | str) -> tuple[int, TimeUnit | None]:
     return validate.integer("patience", patience, minimum=1, hint="checks without improvement, or a span like '2ep'"), None
 
 
-@record
+def _unpacked(leaves: Sequence[Any]) -> tuple[StopperState, int] | None:
+    # Until EarlyStopper's state was a record, it was one float64 tensor of these five values in this order.
+    packed = leaves[0] if leaves else None
+    if not isinstance(packed, Tensor) or tuple(packed.shape) != (5,):
+        return None
+    best, checks_since, has_best, best_batch, best_epoch = packed.tolist()
+    return _stopper_state(best, int(checks_since), bool(has_best), int(best_batch), int(best_epoch)), 1
+
+
+@record(earlier_layout=_unpacked)
 class StopperState(Record):
     """EarlyStopper's entry of ``State.algos``: what its rule remembers between checks, as 0-d tensors on the host.
 

@@ -8,26 +8,34 @@ functions and integers a record carries). None is never a leaf: a None field goe
 the None entries of a mapping field declared ``optional_entries()`` (the per-algorithm mappings, where an
 algorithm without state has None). torch.func's auxiliary outputs accept tensor leaves only.
 
-A record's leaves come in the order its fields are declared, each field's under ``GetAttrKey(field)``.
+A record's leaves come in the order its fields are declared, each field's under ``GetAttrKey(field)``: the leaves
+of a dictionary of the same fields in the same order, which is how a checkpoint stores them. A record that was
+stored in another layout before (EarlyStopper's five values packed in one tensor) declares how to read it
+(``@record(earlier_layout=...)``, see ``from_earlier_layout``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field
 from typing import Any, ClassVar, Self, TypeVar, cast, dataclass_transform, overload
 
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["Record", "record", "static", "optional_entries"]
+__all__ = ["Record", "record", "static", "optional_entries", "EarlierLayout", "from_earlier_layout"]
 
 _STATIC = "static"
 _OPTIONAL_ENTRIES = "optional_entries"
 
 _C = TypeVar("_C", bound=type)
+
+EarlierLayout = Callable[[Sequence[Any]], tuple[Any, int] | None]
+"""``read(leaves) -> (record, taken) | None``: the record that checkpoint ``leaves`` begin with in a layout its class
+had before, and how many leaves it took; None when they do not begin with one."""
+_EARLIER_LAYOUTS: dict[type, EarlierLayout] = {}
 
 
 def static(default: Any = MISSING, *, default_factory: Any = MISSING) -> Any:
@@ -89,27 +97,49 @@ def record(cls: _C, /) -> _C: ...
 
 
 @overload
-def record(*, serialized_type_name: str | None = None) -> Callable[[_C], _C]: ...
+def record(
+    *, serialized_type_name: str | None = None, earlier_layout: EarlierLayout | None = None
+) -> Callable[[_C], _C]: ...
 
 
 @dataclass_transform(frozen_default=True, eq_default=False, field_specifiers=(field, static, optional_entries))
-def record(cls: _C | None = None, /, *, serialized_type_name: str | None = None) -> _C | Callable[[_C], _C]:
+def record(
+    cls: _C | None = None,
+    /,
+    *,
+    serialized_type_name: str | None = None,
+    earlier_layout: EarlierLayout | None = None,
+) -> _C | Callable[[_C], _C]:
     """Returns ``cls`` (a subclass of ``Record``) as a frozen dataclass registered as a pytree node.
 
     Its leaves are those of its fields, in their order, except the fields declared ``static()``, whose values go
     into the flatten context with the None markers (see the module's docstring). Instances compare by identity.
     ``serialized_type_name`` names the node in torch's serialized tree specs: the class's module and qualified
-    name by default. ``@record`` and ``@record(serialized_type_name=...)`` both decorate.
+    name by default. ``earlier_layout`` reads the class's entries of checkpoints written before it was laid out
+    as it is (see ``EarlierLayout``). ``@record`` and ``@record(...)`` both decorate.
     """
     if cls is None:
-        return lambda given: _recorded(given, serialized_type_name)
-    return _recorded(cls, serialized_type_name)
+        return lambda given: _recorded(given, serialized_type_name, earlier_layout)
+    return _recorded(cls, serialized_type_name, earlier_layout)
 
 
-def _recorded(cls: _C, serialized_type_name: str | None) -> _C:
+def from_earlier_layout(cls: type, leaves: Sequence[Any]) -> tuple[Any, int] | None:
+    """Returns the record of ``cls`` that checkpoint ``leaves`` begin with in a layout the class had before, and
+    how many leaves it took; None when the class declared no earlier layout or the leaves are not in it."""
+    read = _EARLIER_LAYOUTS.get(cls)
+    return None if read is None else read(leaves)
+
+
+def _recorded(cls: _C, serialized_type_name: str | None, earlier_layout: EarlierLayout | None) -> _C:
     if not (isinstance(cls, type) and issubclass(cls, Record)):
         raise TypeError(f"@record decorates a subclass of Record (which gives it replace); got {cls!r}")
+    if earlier_layout is not None and not callable(earlier_layout):
+        raise TypeError(
+            f"earlier_layout={earlier_layout!r}: expected a function from checkpoint leaves to (record, taken) or None"
+        )
     made: Any = dataclass(frozen=True, eq=False)(cls)
+    if earlier_layout is not None:
+        _EARLIER_LAYOUTS[made] = earlier_layout
     declared = dataclasses.fields(made)
     made._fields = frozenset(f.name for f in declared)
     _register(

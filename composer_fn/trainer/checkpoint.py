@@ -5,8 +5,11 @@ A checkpoint holds every tensor of the ``State`` (parameters, buffers, optimizer
 flat leaf lists, hyperparameters, step, random key), the timestamp, the run's ``max_duration`` and the
 algorithms' JSON configs; a weights-only checkpoint holds the parameters and buffers alone. Pytree structure is
 not pickled: loading rebuilds it from a template state made by the same trainer set-up, and a mismatch is
-reported by name rather than loaded wrongly. ``load_weights`` starts a new run (another optimizer, other
-algorithms) from a checkpoint's weights, optionally ignoring names.
+reported by name rather than loaded wrongly. An algorithm's state record saves its tensors field by field in the
+order of its fields, as a dictionary of those fields would (EMA's state was one, and its checkpoints load as they
+are); a record once saved in another layout (EarlyStopper's five values in one tensor) reads that one too.
+``load_weights`` starts a new run (another optimizer, other algorithms) from a checkpoint's weights, optionally
+ignoring names.
 
 In a save folder, checkpoints are named ``ep{epoch}-ba{batch}.pt``: ``newest_checkpoint`` finds the latest
 complete one (temporary files of an interrupted write are never taken), ``prune_checkpoints`` keeps the newest
@@ -21,7 +24,7 @@ import pickle
 import re
 import tempfile
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor
 
 from composer_fn.core.algorithm import Algorithm, algorithms_from_json
+from composer_fn.core.records import from_earlier_layout
 from composer_fn.core.state import State
 from composer_fn.core.time import Timestamp
 from composer_fn.optim.base import in_layout_of
@@ -203,13 +207,43 @@ def _check_tensors(kind: str, loaded: dict[str, Tensor], expected: dict[str, Ten
             )
 
 
+def _fit(leaves: Sequence[Any], expected: Sequence[Any]) -> bool:
+    return len(leaves) == len(expected) and all(
+        not isinstance(want, Tensor) or (isinstance(leaf, Tensor) and leaf.shape == want.shape)
+        for leaf, want in zip(leaves, expected, strict=True)
+    )
+
+
+def _in_current_layouts(leaves: list[Any], template: Mapping[str, Any]) -> list[Any] | None:
+    """Returns the leaves of ``template``'s entries (an algorithm's state each) with those a checkpoint saved in an
+    earlier layout of their record read into its present one; None when an entry fits neither."""
+    current: list[Any] = []
+    taken = 0
+    for entry in template.values():
+        expected = pytree.tree_leaves(entry)
+        if _fit(leaves[taken : taken + len(expected)], expected):
+            current += leaves[taken : taken + len(expected)]
+            taken += len(expected)
+            continue
+        earlier = from_earlier_layout(type(entry), leaves[taken:])
+        if earlier is None:
+            return None
+        read, used = earlier
+        current += pytree.tree_leaves(read)
+        taken += used
+    return current if taken == len(leaves) else None
+
+
 def unflatten_tree(kind: str, leaves: list[Any], template: Any) -> Any:
     """Returns ``leaves`` (a checkpoint's flattened ``kind`` state) in the structure of ``template``.
 
-    Raises ValueError, naming ``kind``, when the number of leaves or a tensor leaf's shape differs from the
-    template's: a checkpoint saved with another optimizer or other algorithms.
+    An entry of a mapping ``template`` (an algorithm's state) that the checkpoint holds in an earlier layout of its
+    record is read into the present one. Raises ValueError, naming ``kind``, when the number of leaves or a tensor
+    leaf's shape differs from the template's: a checkpoint saved with another optimizer or other algorithms.
     """
     expected, spec = pytree.tree_flatten(template)
+    if isinstance(template, Mapping) and not _fit(leaves, expected):
+        leaves = _in_current_layouts(leaves, template) or leaves
     if len(leaves) != len(expected):
         raise ValueError(
             f"checkpoint {kind} state holds {len(leaves)} tensors; this set-up expects {len(expected)} "
