@@ -25,7 +25,6 @@ from torch.utils.data import get_worker_info
 
 from composer_fn.algorithms._batch_transform import BatchTransform
 from composer_fn.algorithms._keys import check_key
-from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.algorithms._shapes import check_resizable, shape_failure
 from composer_fn.core import random as R
 from composer_fn.core import validate
@@ -280,7 +279,6 @@ class ColOut(BatchTransform):
         _check_resize_target(self.resize_target)
         validate.batch_key("input_key", self.input_key)
         validate.batch_key("target_key", self.target_key)
-        warn_changes_nothing(self)
         if not self.batch:
             raise ValueError(
                 "ColOut(batch=False) would add a transform to the dataset, which an algorithm cannot do here: "

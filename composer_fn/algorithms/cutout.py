@@ -22,7 +22,6 @@ from composer_fn.algorithms._augment.inputs import on_pil_or_tensor
 from composer_fn.algorithms._batch_transform import BatchTransform
 from composer_fn.algorithms._boxes import box_mask, check_sides, integer_view
 from composer_fn.algorithms._keys import check_key
-from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
@@ -225,7 +224,6 @@ class CutOut(BatchTransform):
         validate.flag("uniform_sampling", self.uniform_sampling)
         validate.flag("per_sample", self.per_sample)
         validate.batch_key("input_key", self.input_key)
-        warn_changes_nothing(self)
 
     def changes_nothing(self) -> str | None:
         if self.num_holes == 0 or self.length == 0:

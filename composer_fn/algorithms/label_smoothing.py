@@ -31,7 +31,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.algorithms._targets import (
     IGNORE_INDEX,
     class_dimension,
@@ -117,7 +116,6 @@ class LabelSmoothing(Algorithm):
     def __post_init__(self) -> None:
         validate.real("smoothing", self.smoothing, minimum=0.0, maximum=1.0)
         validate.batch_key("target_key", self.target_key)
-        warn_changes_nothing(self)
 
     def changes_nothing(self) -> str | None:
         if self.smoothing == 0:

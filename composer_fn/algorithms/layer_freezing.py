@@ -21,7 +21,7 @@ from typing import Any
 
 from torch import nn
 
-from composer_fn.algorithms._no_op import warn_changes_nothing, warn_changes_nothing_here
+from composer_fn.algorithms._no_op import warn_changes_nothing_here
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Capabilities, register
 from composer_fn.core.time import Timestamp
@@ -94,7 +94,6 @@ class LayerFreezing(Algorithm):
 
     def __post_init__(self) -> None:
         _check(self.freeze_start, self.freeze_level)
-        warn_changes_nothing(self)
 
     def changes_nothing(self) -> str | None:
         if self.freeze_level == 0:

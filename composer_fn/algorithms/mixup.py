@@ -24,7 +24,6 @@ from torch import Tensor
 
 from composer_fn.algorithms._keys import check_key
 from composer_fn.algorithms._label_mixing import LabelMixing, check_batch, check_indices, check_num_classes
-from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.algorithms._targets import ensure_targets_one_hot
 from composer_fn.core import random as R
 from composer_fn.core import validate
@@ -188,10 +187,6 @@ class MixUp(LabelMixing[MixUpParams]):
     per_sample: bool = False
     input_key: int | str = 0
     target_key: int | str = 1
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        warn_changes_nothing(self)
 
     def changes_nothing(self) -> str | None:
         if self.alpha == 0:

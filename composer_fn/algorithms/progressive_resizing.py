@@ -36,7 +36,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from composer_fn.algorithms._keys import check_key
-from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.algorithms._shapes import check_resizable, fixed_input_size, shape_failure
 from composer_fn.core import random as R
 from composer_fn.core import validate
@@ -298,7 +297,6 @@ class ProgressiveResizing(Algorithm):
         validate.flag("resize_targets", self.resize_targets)
         validate.batch_key("input_key", self.input_key)
         validate.batch_key("target_key", self.target_key)
-        warn_changes_nothing(self)
 
     def changes_nothing(self) -> str | None:
         if self.initial_scale == 1:

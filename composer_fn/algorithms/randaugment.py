@@ -21,7 +21,6 @@ from torch import Tensor
 from composer_fn.algorithms import _augment as ops
 from composer_fn.algorithms._batch_transform import BatchTransform
 from composer_fn.algorithms._keys import check_key
-from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
@@ -177,7 +176,6 @@ class RandAugment(BatchTransform):
     def __post_init__(self) -> None:
         _check(self.severity, self.depth, self.augmentation_set)
         validate.batch_key("input_key", self.input_key)
-        warn_changes_nothing(self)
 
     def changes_nothing(self) -> str | None:
         if self.depth == 0:

@@ -20,7 +20,6 @@ from torch import Tensor
 from composer_fn.algorithms._augment.inputs import on_pil_or_tensor
 from composer_fn.algorithms._batch_transform import BatchTransform
 from composer_fn.algorithms._keys import check_key
-from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
@@ -152,7 +151,6 @@ class RandomCropFlip(BatchTransform):
         validate.real("fill", self.fill)
         validate.choice("padding_mode", self.padding_mode, PADDING_MODES)
         validate.batch_key("input_key", self.input_key)
-        warn_changes_nothing(self)
 
     def changes_nothing(self) -> str | None:
         if self.padding == 0 and self.flip_p == 0:

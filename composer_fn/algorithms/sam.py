@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.core import validate
 from composer_fn.core.algorithm import Algorithm, Hook, register
 from composer_fn.core.event import Event
@@ -127,7 +126,6 @@ class SAM(Algorithm):
     def __post_init__(self) -> None:
         _check(self.rho, self.epsilon)
         validate.integer("interval", self.interval, minimum=1)
-        warn_changes_nothing(self)
 
     def changes_nothing(self) -> str | None:
         if self.rho == 0:

@@ -29,7 +29,6 @@ from torch import Tensor
 
 from composer_fn.algorithms._keys import check_key
 from composer_fn.algorithms._label_mixing import check_batch
-from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.algorithms._shapes import shape_failure
 from composer_fn.core import random as R
 from composer_fn.core import validate
@@ -208,7 +207,6 @@ class SelectiveBackprop(Algorithm):
         if self.input_key is not None:
             validate.batch_key("input_key", self.input_key)
         validate.batch_key("target_key", self.target_key)
-        warn_changes_nothing(self)
 
     def changes_nothing(self) -> str | None:
         if self.keep == 1:

@@ -50,7 +50,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import is_fake
 
-from composer_fn.algorithms._no_op import warn_changes_nothing
 from composer_fn.algorithms._surgery import (
     LayerKinds,
     Surgery,
@@ -488,7 +487,6 @@ class StochasticDepth(Surgery):
         _parsed_warmup(warmup)
         # One canonical, JSON-friendly form, so equal warm-ups are equal records.
         object.__setattr__(self, "drop_warmup", warmup)
-        warn_changes_nothing(self)
 
     def changes_nothing(self) -> str | None:
         if self.drop_rate == 0:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
+from composer_fn.core._user_line import warn_at_user
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx
 from composer_fn.core.time import Timestamp
@@ -122,8 +123,20 @@ class ChangesNothing(UserWarning):
         self.algorithm = algorithm
 
 
+class _Record(type):
+    """The class of algorithm records: a record whose settings make it change nothing warns when it is built (by a
+    call, ``dataclasses.replace`` or ``algorithm_from_config``), once its fields are checked, at the user's line."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        record = super().__call__(*args, **kwargs)
+        reason = record.changes_nothing()
+        if reason is not None:
+            warn_at_user(reason)
+        return record
+
+
 @dataclass(frozen=True)
-class Algorithm:
+class Algorithm(metaclass=_Record):
     """Base record of every algorithm. Subclasses are frozen dataclasses whose fields are hyperparameters."""
 
     algorithm_name: ClassVar[str | None] = None
