@@ -17,7 +17,7 @@ from torch import Tensor
 from composer_fn.core.host import eager
 from composer_fn.core.state import held_logits
 
-__all__ = ["IGNORE_INDEX", "class_dimension", "ensure_targets_one_hot", "model_logits"]
+__all__ = ["IGNORE_INDEX", "class_dimension", "ensure_targets_one_hot", "model_logits", "num_classes_of"]
 
 IGNORE_INDEX = -100
 """The class index that marks a position without a target (torch's and Hugging Face's default)."""
@@ -65,6 +65,19 @@ def class_dimension(logits: Tensor, target: Tensor) -> int:
         f"shaped like the logits without their class dimension ({logits_shape[:1] + logits_shape[2:]}{sequence}) "
         "or probabilities shaped like the logits"
     )
+
+
+def num_classes_of(target: Tensor, num_classes: int | None) -> int:
+    """Returns ``num_classes`` when given, else the class count of probability targets ``[B, C, ...]``; raises
+    ValueError for class-index targets without it."""
+    if num_classes is not None:
+        return num_classes
+    if not target.is_floating_point() or target.dim() < 2:
+        raise ValueError(
+            f"num_classes is required when target holds class indices (target of shape {tuple(target.shape)} "
+            f"and dtype {target.dtype}); probability targets [B, C, ...] give it themselves"
+        )
+    return target.shape[1]
 
 
 def _out_of_range(target: Tensor, num_classes: int) -> ValueError:

@@ -30,7 +30,7 @@ from torch import Tensor
 from composer_fn.algorithms._boxes import box_mask, check_sides, integer_view
 from composer_fn.algorithms._keys import check_key
 from composer_fn.algorithms._label_mixing import LabelMixing, check_batch, check_indices, check_num_classes
-from composer_fn.algorithms._targets import ensure_targets_one_hot
+from composer_fn.algorithms._targets import ensure_targets_one_hot, num_classes_of
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
@@ -404,14 +404,7 @@ def cutmix_batch(
     params = pasting._replace(bbox=params.bbox.to(input.device))
     if _is_dense(target, input):
         return mixed, cutmix_apply(target, pasting), params.area, params.bbox
-    if num_classes is None:
-        if not target.is_floating_point() or target.dim() < 2:
-            raise ValueError(
-                f"num_classes is required when target holds class indices (target of shape {tuple(target.shape)} "
-                f"and dtype {target.dtype}); probability targets [B, C, ...] give it themselves"
-            )
-        num_classes = target.shape[1]
-    return mixed, cutmix_targets(target, params, num_classes), params.area, params.bbox
+    return mixed, cutmix_targets(target, params, num_classes_of(target, num_classes)), params.area, params.bbox
 
 
 @register

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from composer_fn.algorithms._keys import check_key
 from composer_fn.algorithms._label_mixing import LabelMixing, check_batch, check_indices, check_num_classes
-from composer_fn.algorithms._targets import ensure_targets_one_hot
+from composer_fn.algorithms._targets import ensure_targets_one_hot, num_classes_of
 from composer_fn.core import random as R
 from composer_fn.core import validate
 from composer_fn.core.algorithm import register
@@ -154,15 +154,9 @@ def mixup_batch(
         raise ValueError(f"mixing[{index}]={float(mixing_t[index])!r} must lie in [0, 1]")
     if indices.shape != (batch_size,):
         raise ValueError(f"indices of shape {tuple(indices.shape)}: expected ({batch_size},), one per example")
-    if num_classes is None:
-        if not target.is_floating_point() or target.dim() < 2:
-            raise ValueError(
-                f"num_classes is required when target holds class indices (target of shape {tuple(target.shape)} "
-                f"and dtype {target.dtype}); probability targets [B, C, ...] give it themselves"
-            )
-        num_classes = target.shape[1]
+    classes = num_classes_of(target, num_classes)
     mixing_t = mixing_t.to(input.device)
-    return mixup_apply(input, indices, mixing_t), mixup_targets(target, indices, mixing_t, num_classes), mixing_t
+    return mixup_apply(input, indices, mixing_t), mixup_targets(target, indices, mixing_t, classes), mixing_t
 
 
 @register
