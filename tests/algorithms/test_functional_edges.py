@@ -4,6 +4,7 @@ numbers are numbers."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import warnings
@@ -299,6 +300,28 @@ def test_a_setting_that_changes_nothing_is_declared_by_the_record_in_the_words_i
         record = build()
     assert record.changes_nothing() == str(caught[0].message)
     assert re.match(message, record.changes_nothing() or "")
+
+
+@dataclasses.dataclass(frozen=True)
+class _TaggedMixUp(A.MixUp):
+    tag: str = "mine"
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: dataclasses.replace(A.MixUp(), alpha=0),
+        lambda: _TaggedMixUp(alpha=0),
+        lambda: A.MixUp(alpha=np.float32(0)),
+    ],
+    ids=["replace", "subclass", "numpy"],
+)
+def test_a_record_built_any_way_warns_once_when_its_settings_change_nothing(build: Callable[[], Any]) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        record = build()
+    assert [str(w.message) for w in caught] == [record.changes_nothing()]
+    assert re.match(r"MixUp\(alpha=0\) changes nothing", str(caught[0].message))
 
 
 def test_default_settings_warn_nothing() -> None:
