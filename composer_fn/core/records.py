@@ -20,10 +20,11 @@ import dataclasses
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field
-from typing import Any, ClassVar, Self, TypeVar, cast, dataclass_transform, overload
+from typing import Any, ClassVar, TypeVar, cast, overload
 
 import torch
 import torch.utils._pytree as pytree
+from typing_extensions import Self, dataclass_transform  # Python 3.10 (torch depends on typing_extensions)
 
 __all__ = ["Record", "record", "static", "optional_entries", "EarlierLayout", "from_earlier_layout"]
 
