@@ -28,7 +28,7 @@ from composer_fn.algorithms._keys import check_key
 from composer_fn.algorithms._shapes import check_resizable, shape_failure
 from composer_fn.core import random as R
 from composer_fn.core import validate
-from composer_fn.core.algorithm import HostHook, register
+from composer_fn.core.algorithm import HostHook, no_change, register
 from composer_fn.core.event import Event
 from composer_fn.core.host import readable_on_host
 from composer_fn.core.state import BatchMeta, State, Static, batch_get, batch_set, target_key_of
@@ -287,12 +287,10 @@ class ColOut(BatchTransform):
             )
 
     def changes_nothing(self) -> str | None:
-        if self.p_row == 0 and self.p_col == 0:
-            return (
-                "ColOut(p_row=0, p_col=0) changes nothing: no row and no column is dropped; use p_row or p_col "
-                "above 0 (Composer's default is 0.15) or leave ColOut out"
-            )
-        return None
+        why = "no row and no column is dropped"
+        instead = "p_row or p_col above 0 (Composer's default is 0.15)"
+        dropped = self.p_row != 0 or self.p_col != 0
+        return None if dropped else no_change("ColOut", "p_row=0, p_col=0", why, instead)
 
     def host_hooks(self) -> Mapping[Event, HostHook]:
         return {**super().host_hooks(), Event.INIT: self._check_model, Event.BATCH_START: self._check_size}

@@ -24,7 +24,7 @@ from composer_fn.algorithms._boxes import box_mask, check_sides, integer_view
 from composer_fn.algorithms._keys import check_key
 from composer_fn.core import random as R
 from composer_fn.core import validate
-from composer_fn.core.algorithm import register
+from composer_fn.core.algorithm import no_change, register
 
 __all__ = ["CutOut", "CutOutParams", "box_mask", "cutout_params", "cutout_apply", "cutout_batch"]
 
@@ -226,13 +226,11 @@ class CutOut(BatchTransform):
         validate.batch_key("input_key", self.input_key)
 
     def changes_nothing(self) -> str | None:
-        if self.num_holes == 0 or self.length == 0:
-            setting = "num_holes=0" if self.num_holes == 0 else "length=0"
-            return (
-                f"CutOut({setting}) changes nothing: no pixel is ever zeroed; use num_holes >= 1 and length > 0 "
-                "(Composer's defaults are 1 and 0.5) or leave CutOut out"
-            )
-        return None
+        if self.num_holes != 0 and self.length != 0:
+            return None
+        setting = "num_holes=0" if self.num_holes == 0 else "length=0"
+        instead = "num_holes >= 1 and length > 0 (Composer's defaults are 1 and 0.5)"
+        return no_change("CutOut", setting, "no pixel is ever zeroed", instead)
 
     def transform(self, key: R.Key, input: Tensor) -> Tensor:
         params = cutout_params(

@@ -38,7 +38,7 @@ from composer_fn.algorithms._targets import (
     model_logits,
 )
 from composer_fn.core import validate
-from composer_fn.core.algorithm import Algorithm, Hook, register
+from composer_fn.core.algorithm import Algorithm, Hook, no_change, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import State, StepCtx, batch_get, batch_set, target_key_of
 
@@ -118,12 +118,9 @@ class LabelSmoothing(Algorithm):
         validate.batch_key("target_key", self.target_key)
 
     def changes_nothing(self) -> str | None:
-        if self.smoothing == 0:
-            return (
-                "LabelSmoothing(smoothing=0) changes nothing: the smoothed targets are the one-hot targets; use "
-                "smoothing > 0 (Composer's default is 0.1) or leave LabelSmoothing out"
-            )
-        return None
+        why = "the smoothed targets are the one-hot targets"
+        instead = "smoothing > 0 (Composer's default is 0.1)"
+        return no_change("LabelSmoothing", "smoothing=0", why, instead) if self.smoothing == 0 else None
 
     def traced_hooks(self, plan_key: Hashable = ()) -> Mapping[Event, Hook]:
         return {Event.BEFORE_LOSS: self._smooth, Event.AFTER_LOSS: self._restore}

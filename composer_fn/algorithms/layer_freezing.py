@@ -23,7 +23,7 @@ from torch import nn
 
 from composer_fn.algorithms._no_op import warn_changes_nothing_here
 from composer_fn.core import validate
-from composer_fn.core.algorithm import Algorithm, Capabilities, register
+from composer_fn.core.algorithm import Algorithm, Capabilities, no_change, register
 from composer_fn.core.time import Timestamp
 
 __all__ = ["LayerFreezing", "freeze_layers", "freeze_schedule", "freezable_layers"]
@@ -96,12 +96,8 @@ class LayerFreezing(Algorithm):
         _check(self.freeze_start, self.freeze_level)
 
     def changes_nothing(self) -> str | None:
-        if self.freeze_level == 0:
-            return (
-                "LayerFreezing(freeze_level=0) changes nothing: no layer is ever frozen; use freeze_level > 0 "
-                "(Composer's default is 1.0) or leave LayerFreezing out"
-            )
-        return None
+        why, instead = "no layer is ever frozen", "freeze_level > 0 (Composer's default is 1.0)"
+        return no_change("LayerFreezing", "freeze_level=0", why, instead) if self.freeze_level == 0 else None
 
     def _fraction(self, timestamp: Timestamp) -> float:
         # Composer freezes at EPOCH_END: the schedule reads the elapsed fraction of the last finished epoch.

@@ -27,7 +27,7 @@ from composer_fn.algorithms._label_mixing import LabelMixing, check_batch, check
 from composer_fn.algorithms._targets import ensure_targets_one_hot, num_classes_of
 from composer_fn.core import random as R
 from composer_fn.core import validate
-from composer_fn.core.algorithm import register
+from composer_fn.core.algorithm import no_change, register
 
 __all__ = [
     "MixUp",
@@ -183,12 +183,9 @@ class MixUp(LabelMixing[MixUpParams]):
     target_key: int | str = 1
 
     def changes_nothing(self) -> str | None:
-        if self.alpha == 0:
-            return (
-                "MixUp(alpha=0) changes nothing: a Beta(0, 0) draw gives every batch a mixing weight of 0, so the "
-                "inputs and targets stay as they are; use alpha > 0 (Composer's default is 0.2) or leave MixUp out"
-            )
-        return None
+        why = "a Beta(0, 0) draw gives every batch a mixing weight of 0, so the inputs and targets stay as they are"
+        instead = "alpha > 0 (Composer's default is 0.2)"
+        return no_change("MixUp", "alpha=0", why, instead) if self.alpha == 0 else None
 
     def draw(self, key: R.HostKey, batch_size: int | None) -> Tensor:
         if batch_size is None:

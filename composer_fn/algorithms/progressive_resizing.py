@@ -39,7 +39,7 @@ from composer_fn.algorithms._keys import check_key
 from composer_fn.algorithms._shapes import check_resizable, fixed_input_size, shape_failure
 from composer_fn.core import random as R
 from composer_fn.core import validate
-from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
+from composer_fn.core.algorithm import Algorithm, Hook, HostHook, no_change, register
 from composer_fn.core.event import Event
 from composer_fn.core.host import readable_on_host
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx, batch_get, batch_set, target_key_of
@@ -299,12 +299,10 @@ class ProgressiveResizing(Algorithm):
         validate.batch_key("target_key", self.target_key)
 
     def changes_nothing(self) -> str | None:
-        if self.initial_scale == 1:
-            return (
-                "ProgressiveResizing(initial_scale=1) changes nothing: the images start at full size and stay "
-                "there; use initial_scale < 1 (Composer's default is 0.5) or leave ProgressiveResizing out"
-            )
-        return None
+        why = "the images start at full size and stay there"
+        instead = "initial_scale < 1 (Composer's default is 0.5)"
+        resized = self.initial_scale != 1
+        return None if resized else no_change("ProgressiveResizing", "initial_scale=1", why, instead)
 
     def host_hooks(self) -> Mapping[Event, HostHook]:
         return {Event.INIT: self._check_model, Event.BATCH_START: self._check_sizes}

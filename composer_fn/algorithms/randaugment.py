@@ -23,7 +23,7 @@ from composer_fn.algorithms._batch_transform import BatchTransform
 from composer_fn.algorithms._keys import check_key
 from composer_fn.core import random as R
 from composer_fn.core import validate
-from composer_fn.core.algorithm import register
+from composer_fn.core.algorithm import no_change, register
 
 __all__ = [
     "RandAugment",
@@ -178,12 +178,8 @@ class RandAugment(BatchTransform):
         validate.batch_key("input_key", self.input_key)
 
     def changes_nothing(self) -> str | None:
-        if self.depth == 0:
-            return (
-                "RandAugment(depth=0) changes nothing: each image goes through 0 ops; use depth >= 1 (Composer's "
-                "default is 2) or leave RandAugment out"
-            )
-        return None
+        why, instead = "each image goes through 0 ops", "depth >= 1 (Composer's default is 2)"
+        return no_change("RandAugment", "depth=0", why, instead) if self.depth == 0 else None
 
     def transform(self, key: R.Key, input: Tensor) -> Tensor:
         # The values of a traced batch cannot be read; the Trainer checks the first batch's range instead.

@@ -32,7 +32,7 @@ from composer_fn.algorithms._label_mixing import check_batch
 from composer_fn.algorithms._shapes import shape_failure
 from composer_fn.core import random as R
 from composer_fn.core import validate
-from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
+from composer_fn.core.algorithm import Algorithm, Hook, HostHook, no_change, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static, StepCtx, batch_get, batch_input
 from composer_fn.core.time import Timestamp, TimeUnit
@@ -210,10 +210,9 @@ class SelectiveBackprop(Algorithm):
 
     def changes_nothing(self) -> str | None:
         if self.keep == 1:
-            return (
-                "SelectiveBackprop(keep=1) changes nothing: every sample of a batch is kept, so no batch is pruned; "
-                "use keep < 1 (Composer's default is 0.5) or leave SelectiveBackprop out"
-            )
+            why = "every sample of a batch is kept, so no batch is pruned"
+            instead = "keep < 1 (Composer's default is 0.5)"
+            return no_change("SelectiveBackprop", "keep=1", why, instead)
         if self.start == self.end:
             return (
                 f"SelectiveBackprop(start={self.start!r}, end={self.end!r}) changes nothing: the interval "

@@ -60,7 +60,7 @@ from composer_fn.algorithms._surgery import (
 from composer_fn.algorithms._timing import stored_time
 from composer_fn.core import random as R
 from composer_fn.core import validate
-from composer_fn.core.algorithm import HostHook, register
+from composer_fn.core.algorithm import HostHook, no_change, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static
 from composer_fn.core.time import Time, Timestamp, TimeUnit
@@ -489,12 +489,8 @@ class StochasticDepth(Surgery):
         object.__setattr__(self, "drop_warmup", warmup)
 
     def changes_nothing(self) -> str | None:
-        if self.drop_rate == 0:
-            return (
-                "StochasticDepth(drop_rate=0) changes nothing: no block is ever dropped; use drop_rate > 0 "
-                "(Composer's default is 0.2) or leave StochasticDepth out"
-            )
-        return None
+        why, instead = "no block is ever dropped", "drop_rate > 0 (Composer's default is 0.2)"
+        return no_change("StochasticDepth", "drop_rate=0", why, instead) if self.drop_rate == 0 else None
 
     @property
     def _warms_up(self) -> bool:

@@ -27,6 +27,7 @@ from composer_fn.core.state import BatchMeta, State, Static, StepCtx
 from composer_fn.core.time import Timestamp
 
 __all__ = [
+    "no_change",
     "Algorithm",
     "Capabilities",
     "ChangesNothing",
@@ -198,6 +199,12 @@ class Algorithm(metaclass=_Record):
         """Returns a JSON-serializable description that ``algorithm_from_config`` turns back into ``self``."""
         values = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
         return {"algorithm": self.name, "hparams": values}
+
+
+def no_change(name: str, settings: str, why: str, instead: str) -> str:
+    """Returns the sentence ``changes_nothing`` gives for the record of class ``name`` whose ``settings`` make it change
+    nothing: ``"{name}({settings}) changes nothing: {why}; use {instead} or leave {name} out"``."""
+    return f"{name}({settings}) changes nothing: {why}; use {instead} or leave {name} out"
 
 
 def _jsonable(value: Any) -> Any:
