@@ -8,7 +8,7 @@ run's device. It holds the epoch's iterator and nothing of the run's state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -16,6 +16,7 @@ import torch
 from composer_fn.core.state import BatchMeta, batch_meta
 from composer_fn.core.time import Timestamp
 from composer_fn.trainer.build import to_device
+from composer_fn.trainer.first_batch import check_batch_kind
 from composer_fn.trainer.loaders import epoch_batches, global_meta
 
 __all__ = ["Feed", "Fed"]
@@ -63,11 +64,7 @@ class Feed:
                 f"{timestamp.epoch} although its length is {self._steps_per_epoch}: its __len__ must count the "
                 "batches it yields in an epoch (the run's length in epochs is counted with it)"
             )
-        if not isinstance(raw, tuple | list | Mapping):
-            raise TypeError(
-                f"train_dataloader yields {type(raw).__name__} batches; expected tuples or lists (inputs, targets) "
-                "or mappings, read at input_key and target_key"
-            )
+        check_batch_kind(raw, "train_dataloader")
         if check is not None:
             check(raw)
         local = batch_meta(raw, self._input_key)

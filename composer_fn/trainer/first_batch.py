@@ -43,6 +43,7 @@ __all__ = [
     "check_targets",
     "check_keywords",
     "check_algorithm_keys",
+    "check_batch_kind",
     "check_train_keys",
     "units_scale",
     "check_evaluators",
@@ -220,11 +221,7 @@ def _check_evaluator(
         raw = next(iter(evaluator.dataloader), None)
     if raw is None:
         raise ValueError(f"{argument} yields no batch: an evaluation needs at least one")
-    if not isinstance(raw, tuple | list | Mapping):
-        raise TypeError(
-            f"{argument} yields {type(raw).__name__} batches; expected tuples or lists (inputs, targets) or "
-            "mappings, read at input_key and target_key"
-        )
+    check_batch_kind(raw, argument)
     batch = to_device(raw)
     where = f"{argument}'s first batch"
     check_keywords(setup, batch, where)
@@ -294,6 +291,15 @@ def item(batch: Any, key: int | str | None, argument: str, where: str, outputs: 
             else ""
         )
         raise ValueError(f"{argument}={key!r}: {where} has no item {item!r} (it holds {held}){hint}") from None
+
+
+def check_batch_kind(batch: Any, argument: str) -> None:
+    """Raises TypeError when ``batch``, from the loader ``argument``, is not a tuple, list or mapping."""
+    if not isinstance(batch, tuple | list | Mapping):
+        raise TypeError(
+            f"{argument} yields {type(batch).__name__} batches; expected tuples or lists (inputs, targets) or "
+            "mappings, read at input_key and target_key"
+        )
 
 
 def check_train_keys(setup: SetUp, algorithms: Sequence[Algorithm], batch: Any) -> None:
