@@ -3,20 +3,22 @@
 ``run_schedule`` is a pure generator of ``(what, timestamp)`` ticks in Composer's order: ``what`` is an
 ``Event`` (the trainer runs its host hooks and callbacks) or an ``Action`` (the trainer's own work: the traced
 step, logging, evaluation, a checkpoint). The consumer reports each batch's ``Progress`` by ``send`` at
-``Action.STEP`` (a plain ``for`` loop sends nothing: each batch then counts ``batch_size`` samples).
-``Trainer.fit``, ``composer_fn.core.dry_run`` and the contract suite all drive it, so they cannot disagree.
+``Action.STEP`` (a plain ``for`` loop sends nothing: each batch then counts ``batch_size`` samples). A consumer
+that looks at no batch event may ask for runs of steps: the batches between two other ticks are then one tick,
+``(Steps(n), timestamp)``, answered with the run's summed ``Progress``. ``Trainer.fit``, ``composer_fn.core.dry_run`` and the contract suite all drive it, so they cannot disagree.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Generator
+from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
 from composer_fn.core.event import Event
 from composer_fn.core.time import Time, Timestamp, TimeUnit
 
-__all__ = ["Action", "Progress", "Tick", "run_schedule", "next_tick"]
+__all__ = ["Action", "Progress", "Steps", "Tick", "run_schedule", "next_tick"]
 
 
 class Action(str, Enum):
@@ -37,14 +39,22 @@ class Action(str, Enum):
 
 
 class Progress(NamedTuple):
-    """What one batch added to the run's counters."""
+    """What one batch (or a run of ``batches`` batches, in all) added to the run's counters."""
 
     samples: int
     tokens: int = 0
     seconds: float = 0.0
+    batches: int = 1
 
 
-Tick = tuple[Event | Action, Timestamp]
+@dataclass(frozen=True)
+class Steps:
+    """A tick of ``count`` steps in a row, with nothing between them (see ``run_schedule``'s ``runs``)."""
+
+    count: int
+
+
+Tick = tuple[Event | Action | Steps, Timestamp]
 
 
 def _every(interval: Time | None, unit: TimeUnit) -> int:
@@ -63,6 +73,7 @@ def run_schedule(
     final_save: bool = False,
     batch_size: int = 1,
     events: Collection[Event] | None = None,
+    runs: bool = False,
 ) -> Generator[Tick, Progress | Action | None, Timestamp]:
     """Yields the ticks of a run of ``max_steps`` batches from ``start``; returns the final timestamp.
 
@@ -72,7 +83,9 @@ def run_schedule(
     epoch's last batch goes straight to that epoch's end.
 
     With ``events``, only those events are yielded (every action still is): a consumer that does nothing at the
-    others skips their ticks, and sees the rest in the same order.
+    others skips their ticks, and sees the rest in the same order. With ``runs`` too, and no batch event among
+    them, the steps up to the next tick that is not a step are one ``Steps`` tick, answered with their ``Progress``
+    in all; the ticks after it are the same.
     """
     if steps_per_epoch < 1:
         raise ValueError(f"steps_per_epoch={steps_per_epoch!r} must be a positive number of batches")
@@ -86,6 +99,8 @@ def run_schedule(
     before_loader, batch_start, batch_end, batch_checkpoint = (
         e in shown for e in (Event.BEFORE_DATALOADER, Event.BATCH_START, Event.BATCH_END, Event.BATCH_CHECKPOINT)
     )
+    runs = runs and not (before_loader or batch_start or batch_end or batch_checkpoint)
+    stops = [every for every in (log_batches, eval_batches, save_batches) if every]
     if Event.FIT_START in shown:
         yield Event.FIT_START, timestamp
     while timestamp.batch < max_steps:
@@ -93,13 +108,24 @@ def run_schedule(
             if Event.EPOCH_START in shown:
                 yield Event.EPOCH_START, timestamp
         while timestamp.batch_in_epoch < steps_per_epoch and timestamp.batch < max_steps:
-            if before_loader:
-                yield Event.BEFORE_DATALOADER, timestamp
-            if batch_start:
-                yield Event.BATCH_START, timestamp
-            progress = yield Action.STEP, timestamp
-            done = progress if isinstance(progress, Progress) else Progress(batch_size)
-            timestamp = timestamp.advance(done.samples, done.tokens, done.seconds)
+            if runs:  # to the epoch's end, the run's, or the next batch something is done at
+                count = min(
+                    steps_per_epoch - timestamp.batch_in_epoch,
+                    max_steps - timestamp.batch,
+                    *(every - timestamp.batch % every for every in stops),
+                )
+                progress = yield Steps(count), timestamp
+                done = progress if isinstance(progress, Progress) else Progress(batch_size * count, batches=count)
+                if done.batches != count:
+                    raise ValueError(f"a run of {count} steps was answered with the progress of {done.batches}")
+            else:
+                if before_loader:
+                    yield Event.BEFORE_DATALOADER, timestamp
+                if batch_start:
+                    yield Event.BATCH_START, timestamp
+                progress = yield Action.STEP, timestamp
+                done = progress if isinstance(progress, Progress) else Progress(batch_size)
+            timestamp = timestamp.advance(done.samples, done.tokens, done.seconds, done.batches)
             if (log_batches and timestamp.batch % log_batches == 0) or timestamp.batch == max_steps:
                 if (yield Action.LOG, timestamp) is Action.STOP:
                     max_steps = timestamp.batch

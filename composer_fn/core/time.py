@@ -321,22 +321,23 @@ class Timestamp:
             )
         return replace(self, max_duration=duration)
 
-    def advance(self, samples: int, tokens: int = 0, duration: float = 0.0) -> Timestamp:
-        """Return the timestamp after one more batch of `samples` samples and `tokens` tokens taking `duration` s."""
-        if samples < 0 or tokens < 0:
-            raise ValueError(f"samples={samples!r} and tokens={tokens!r} must both be >= 0")
+    def advance(self, samples: int, tokens: int = 0, duration: float = 0.0, batches: int = 1) -> Timestamp:
+        """Return the timestamp after one more batch of `samples` samples and `tokens` tokens taking `duration` s (or
+        `batches` more, of those in all: `batch_wct` is then their mean)."""
+        if samples < 0 or tokens < 0 or batches < 1:
+            raise ValueError(f"samples={samples!r} and tokens={tokens!r} must both be >= 0, batches={batches!r} >= 1")
         # Built from a copy of the fields rather than through __init__: this runs on every training step.
         fields = self.__dict__.copy()
         fields.update(
-            batch=self.batch + 1,
+            batch=self.batch + batches,
             sample=self.sample + samples,
             token=self.token + tokens,
-            batch_in_epoch=self.batch_in_epoch + 1,
+            batch_in_epoch=self.batch_in_epoch + batches,
             sample_in_epoch=self.sample_in_epoch + samples,
             token_in_epoch=self.token_in_epoch + tokens,
             total_wct=self.total_wct + duration,
             epoch_wct=self.epoch_wct + duration,
-            batch_wct=duration,
+            batch_wct=duration / batches,
         )
         advanced = object.__new__(Timestamp)
         object.__setattr__(advanced, "__dict__", fields)

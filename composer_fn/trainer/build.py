@@ -59,13 +59,14 @@ class Losses:
     """The run's losses as settled: ``loss_fn(outputs, batch)`` (the given one, checked to return one number, or the
     default), the per-sample loss for algorithms that need one, whether the loss is the default one, whether the
     model is a causal language model, and, with the default loss, the weight of a batch's piece (its labelled
-    positions: ``labelled_positions``)."""
+    positions: ``labelled_positions``); ``ours`` when neither loss is the user's."""
 
     loss_fn: LossFn
     per_sample_loss_fn: LossFn | None
     default: bool
     causal: bool
     units: Callable[[Any], Tensor] | None
+    ours: bool = False
 
 
 @dataclass(frozen=True)
@@ -318,14 +319,14 @@ def _losses(
     model: nn.Module, loss_fn: LossFn | None, per_sample_loss_fn: LossFn | None, target_key: int | str | None
 ) -> Losses:
     causal = is_causal_lm(model)
-    default = loss_fn is None
-    if per_sample_loss_fn is None and loss_fn is None:
+    default, ours = loss_fn is None, loss_fn is None and per_sample_loss_fn is None
+    if ours:
         per_sample_loss_fn = default_per_sample_loss(target_key, causal)
     # The default loss averages over labelled positions (a language model's tokens): microbatches and processes
     # weigh their pieces by them (the unit, positions per sample, is fixed at the first batch).
     units = functools.partial(labelled_positions, target_key=target_key, causal=causal) if default else None
     settled = _scalar_loss(loss_fn) if loss_fn is not None else default_loss(target_key)
-    return Losses(settled, per_sample_loss_fn, default, causal, units)
+    return Losses(settled, per_sample_loss_fn, default, causal, units, ours)
 
 
 def _scalar_loss(loss_fn: LossFn) -> LossFn:

@@ -49,21 +49,24 @@ class Feed:
         self._device = device if device.type != "cpu" else None
         self._processes = processes
         self._batches: Iterator[Any] | None = None
+        self._read = 0  # the epoch's batches read so far, the skipped ones of a resumed run included
 
     def next(self, timestamp: Timestamp, check: Callable[[Any], None] | None = None) -> Fed:
         """Returns the batch at ``timestamp`` (its epoch's ``batch_in_epoch``-th): a loader that runs out before its
         length, or yields something other than a tuple, list or mapping, is refused; ``check`` sees the batch as
-        the loader gave it before it is described."""
+        the loader gave it before it is described. Within an epoch, the next batch is read whatever ``timestamp``."""
         if self._batches is None:
             self._batches = epoch_batches(self._loader, timestamp.epoch, timestamp.batch_in_epoch)
+            self._read = timestamp.batch_in_epoch
         raw = next(self._batches, None)
         if raw is None:
-            given = timestamp.batch_in_epoch
+            given = self._read
             raise ValueError(
                 f"train_dataloader yielded {f'only {given} batches' if given else 'no batch'} in epoch "
                 f"{timestamp.epoch} although its length is {self._steps_per_epoch}: its __len__ must count the "
                 "batches it yields in an epoch (the run's length in epochs is counted with it)"
             )
+        self._read += 1
         check_batch_kind(raw, "train_dataloader")
         if check is not None:
             check(raw)
@@ -72,7 +75,7 @@ class Feed:
         meta = (
             local
             if self._processes == 1
-            else global_meta(self._loader, local, timestamp.batch_in_epoch, self._processes)
+            else global_meta(self._loader, local, self._read - 1, self._processes)
         )
         return Fed(raw, raw if self._device is None else to_device(raw, self._device), local, meta)
 

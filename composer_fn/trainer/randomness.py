@@ -12,6 +12,9 @@ draws what one process with microbatches of B draws. A dropout mask is drawn per
 batches are cut otherwise (another microbatch size, or a compiled step, which draws one batch of seeds for its
 whole graph) draws other masks; ``ModelDraws.drew`` tells whether the model draws at all, for the warning
 that says so.
+
+A step that cannot draw (``draws_nothing``: a model built only of torch's deterministic layers and the keyed ones,
+the run's own losses and methods) is left unseeded: seeding it would change nothing but its time.
 """
 
 from __future__ import annotations
@@ -20,10 +23,55 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch import nn
+from torch.nn.modules import module as module_hooks
 
 from composer_fn.core import random as R
+from composer_fn.nn.keyed import KeyedDropout
 
-__all__ = ["ModelDraws", "model_seed", "cut_draws_warning"]
+__all__ = ["ModelDraws", "model_seed", "cut_draws_warning", "draws_nothing"]
+
+# Layers whose training forward and backward compute without torch's generators (nn.RReLU, the dropouts and
+# attention draw; a container without a forward of its own is only called through its parent's).
+_DETERMINISTIC: frozenset[object] = frozenset(
+    layer.forward
+    for layer in (
+        nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.Identity, nn.Flatten, nn.Unflatten,
+        nn.Linear, nn.Bilinear, nn.Embedding, nn.EmbeddingBag,
+        nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d,
+        nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm,
+        nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d, nn.LocalResponseNorm,
+        nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish,
+        nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh, nn.Sigmoid, nn.Tanh, nn.Softplus, nn.Softsign,
+        nn.Softmax, nn.LogSoftmax, nn.Softmax2d, nn.GLU,
+        nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
+        nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+        nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
+        nn.ZeroPad2d, nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d, nn.ReflectionPad2d, nn.ReplicationPad2d,
+        nn.Upsample, nn.PixelShuffle, nn.PixelUnshuffle,
+        KeyedDropout,
+    )
+)  # fmt: skip
+_GLOBAL_HOOKS = (
+    "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks", "_global_backward_pre_hooks"
+)  # fmt: skip
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def draws_nothing(module: nn.Module) -> bool:
+    """Returns whether training ``module`` provably draws nothing from torch's generators: each of its layers is of a
+    kind that computes without them (torch's linear, convolution, normalisation, activation, pooling and container
+    layers, ``KeyedDropout``), called as torch calls it (no hook, no forward or ``__call__`` of its own). Anything
+    else (a forward of the user's, a dropout, a hook) may draw."""
+    if any(getattr(module_hooks, hooks) for hooks in _GLOBAL_HOOKS):
+        return False
+    return all(
+        getattr(type(layer), "forward", None) in _DETERMINISTIC
+        and type(layer).__call__ is nn.Module.__call__
+        and "forward" not in vars(layer)
+        and not any(getattr(layer, hooks, None) for hooks in _HOOKS)
+        for layer in module.modules()
+    )
 
 
 def model_seed(seed: int, step: int, offset: int = 0) -> int:
@@ -43,7 +91,8 @@ class ModelDraws:
 
     ``enter`` and ``leave`` bracket a step (the trainer's hot path); ``around`` is the same as a context manager.
     The seeds of a stretch of steps at one offset are computed together, on tensors, as ``model_seed`` computes
-    each on Python ints.
+    each on Python ints. While ``quiet`` (the step cannot draw: see ``draws_nothing``), they leave the generators
+    alone.
     """
 
     _STRETCH = 256
@@ -60,10 +109,19 @@ class ModelDraws:
         self._stretches: dict[int, tuple[int, list[int]]] = {}
         self.drew: bool | None = None
         """Whether the model drew from the generators in the first step seeded (None before it)."""
+        self.quiet = False
+        """Whether the step cannot draw (see ``draws_nothing``): it runs unseeded."""
+
+    def set_quiet(self, quiet: bool) -> None:
+        """Sets ``quiet``: whether the step cannot draw (see ``draws_nothing``)."""
+        if quiet != self.quiet:
+            self.quiet, self.drew = quiet, False if quiet else None
 
     def enter(self, step: int, offset: int) -> list[torch.Tensor]:
         """Seeds the generators for ``step`` and the step's first sample at ``offset`` of the global batch;
-        returns their earlier state, for ``leave``."""
+        returns their earlier state, for ``leave`` (nothing, and nothing seeded, while ``quiet``)."""
+        if self.quiet:
+            return []
         saved = list(map(torch.Generator.get_state, self._generators))
         self._step = step
         self._seed(step, offset)
@@ -72,6 +130,8 @@ class ModelDraws:
     def leave(self, saved: list[torch.Tensor], completed: bool = True) -> None:
         """Puts back the generators' state from before ``enter``; after the first ``completed`` step, learns whether
         the model drew."""
+        if not saved:
+            return
         if completed and self.drew is None:
             self.drew = any(
                 not torch.equal(generator.get_state(), seeded)

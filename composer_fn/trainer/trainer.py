@@ -35,7 +35,7 @@ from composer_fn.core.engine import (
 )
 from composer_fn.core.event import Event
 from composer_fn.core.passes import DEFAULT_PASSES, Pass
-from composer_fn.core.schedule import Action, Progress, run_schedule
+from composer_fn.core.schedule import Action, Progress, Steps, run_schedule
 from composer_fn.core.state import BatchMeta, State, batch_input
 from composer_fn.core.time import Time, Timestamp, TimeUnit
 from composer_fn.optim.base import GradientTransformation
@@ -79,7 +79,7 @@ from composer_fn.trainer.options import (
     options_from,
 )
 from composer_fn.trainer.prediction import check_predict_loader, predictions
-from composer_fn.trainer.randomness import ModelDraws, cut_draws_warning
+from composer_fn.trainer.randomness import ModelDraws, cut_draws_warning, draws_nothing
 from composer_fn.trainer.reporting import Reporter, hparams_record, schedule_table
 from composer_fn.trainer.step import (
     StepFn,
@@ -215,6 +215,9 @@ class Trainer(RunAttributes):
         self.timestamp = Timestamp().with_max_duration(Time(run.max_steps, TimeUnit.BATCH))
         self._move = functools.partial(to_device, device=run.device)
         self._draws = ModelDraws(self.static.seed, run.device)
+        # The step runs unseeded when nothing in it can draw: the losses and methods are the run's own, and the model
+        # (checked each time its structure changes) is built of layers that cannot.
+        self._own_step = run.losses.ours and all(type(a).__module__.startswith("composer_fn.") for a in run.algorithms)
         self._steps = StepCache(
             StepBuilder(
                 self.loss_fn,
@@ -365,6 +368,8 @@ class Trainer(RunAttributes):
             final_save=self.save_folder is not None,
             # Events nothing looks at are left out, except those the loop itself acts at.
             events=self._observed | {Event.EPOCH_END} | ({Event.BEFORE_DATALOADER} if apart else set()),
+            # Steps in a row where nothing happens between them: a run without algorithms, profiler or 'auto'.
+            runs=not (self.algorithms or self._cut.auto or self.profiler),
         )
         self._reporter.start(self.max_steps, self.timestamp.batch)
         self._unchecked = True
@@ -389,10 +394,15 @@ class Trainer(RunAttributes):
             return progress
 
         actions[Action.STEP] = first
+
+        def run_of(count: int) -> Progress:  # the first step of a fit is taken as above, then the run's others
+            taken = actions[Action.STEP]() if self._fixed_step is None else None
+            return self._run_of_steps(count, taken if isinstance(taken, Progress) else None)
+
         try:
             while True:
                 what, self.timestamp = ticks.send(reply)
-                reply = actions[what]()
+                reply = run_of(what.count) if isinstance(what, Steps) else actions[what]()
         except StopIteration as end:
             self.timestamp = end.value  # where the schedule ended, past ticks it did not show
         finally:
@@ -465,6 +475,38 @@ class Trainer(RunAttributes):
             self._profile.step()
         return Progress(meta.batch_size, meta.tokens, time.perf_counter() - began)
 
+    def _run_of_steps(self, count: int, taken: Progress | None) -> Progress:
+        # A Steps tick: batches read and stepped in a row by the run's fixed step, the first already ``taken``.
+        start, feed, draws, step = self.timestamp, self._feed, self._draws, self._fixed_step
+        assert step is not None
+        first, first_sample, reporter = int(taken is not None), self._cut.first_sample, self._reporter
+        done, samples, tokens, seconds = first, 0, 0, 0.0
+        outputs: dict[str, Tensor] | None = None
+        began = time.perf_counter()
+        try:
+            while done < count:
+                _, batch, _, meta = feed.next(start)
+                saved = draws.enter(start.batch + done, first_sample)
+                try:
+                    self.state, outputs = step(self.state, batch)
+                except RuntimeError as error:
+                    raise distributed.explained(error, self.world, start.batch + done) from error
+                finally:
+                    draws.leave(saved)
+                done, samples, tokens = done + 1, samples + meta.batch_size, tokens + meta.tokens
+                if reporter.progress_bar:  # the bar moves each step; the throughput is counted once
+                    reporter.stepped(0)
+        finally:
+            seconds = time.perf_counter() - began
+            if taken is not None:
+                samples, tokens, seconds = samples + taken.samples, tokens + taken.tokens, seconds + taken.seconds
+            if done < count and done:  # stopped by an error: the clock counts the steps taken
+                self.timestamp = start.advance(samples, tokens, seconds, done)
+        if outputs is not None:
+            self._took(outputs)
+        reporter.stepped(samples - (taken.samples if taken else 0), 0 if reporter.progress_bar else count - first)
+        return Progress(samples, tokens, seconds, count)
+
     def _planned_step(self, timestamp: Timestamp) -> StepFn:
         # The step of this batch's plan and frozen layers; a run without algorithms (whose plan cannot change) and
         # without 'auto' microbatches keeps its first step.
@@ -473,6 +515,8 @@ class Trainer(RunAttributes):
         frozen = frozen_parameters(run.algorithms, timestamp, self.static.module) if run.freezing else frozenset()
         last_plan, last_static, last_frozen, step = self._last_step
         if plan is not last_plan or self.static is not last_static or frozen != last_frozen:
+            if self.static is not last_static:
+                self._draws.set_quiet(self._own_step and draws_nothing(self.static.module))
             step = self._train_step(plan, frozen)
             self._last_step = (plan, self.static, frozen, step)
             reporter.planned(plan, timestamp.batch)

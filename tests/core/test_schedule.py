@@ -13,7 +13,7 @@ from composer_fn import optim
 from composer_fn.callbacks.base import Callback, RunView
 from composer_fn.core.algorithm import Algorithm
 from composer_fn.core.event import TRAIN_STEP_EVENTS, Event
-from composer_fn.core.schedule import Action, Progress, Tick, next_tick, run_schedule
+from composer_fn.core.schedule import Action, Progress, Steps, Tick, next_tick, run_schedule
 from composer_fn.core.time import Time, Timestamp, TimeUnit
 from composer_fn.data import TensorLoader
 from composer_fn.models import MLP
@@ -59,6 +59,42 @@ def test_a_schedule_told_its_events_leaves_out_only_the_others(run: dict, events
     shown, shown_end = _drained(run_schedule(**run, events=events))
     assert _where(shown) == _where([(what, t) for what, t in whole if isinstance(what, Action) or what in events])
     assert shown_end == end
+
+
+@given(runs(), st.sets(st.sampled_from([e for e in Event if e not in BATCH])), st.integers(1, 3))
+def test_runs_of_steps_are_the_steps_between_the_same_other_ticks(run: dict, events: set[Event], size: int) -> None:
+    stepwise, stepwise_end = _drained(run_schedule(**run, events=events, batch_size=size))
+    ticks = run_schedule(**run, events=events, batch_size=size, runs=True)
+    expanded: list[tuple[object, int, int, int]] = []
+    reply: Progress | None = None
+    while True:
+        try:
+            what, t = ticks.send(reply)
+        except StopIteration as stopped:
+            end = stopped.value
+            break
+        reply = None
+        if isinstance(what, Steps):
+            assert what.count >= 1
+            expanded += [(Action.STEP, t.epoch, t.batch + i, t.batch_in_epoch + i) for i in range(what.count)]
+            reply = Progress(size * what.count, 0, 0.0, batches=what.count)
+        else:
+            expanded.append((what, t.epoch, t.batch, t.batch_in_epoch))
+    assert expanded == _where(stepwise)
+    assert end == stepwise_end
+
+
+def test_a_run_answered_with_another_count_of_steps_is_refused() -> None:
+    ticks = run_schedule(6, 3, runs=True, events=())
+    what, _ = next(ticks)
+    assert what == Steps(3)
+    with pytest.raises(ValueError, match="a run of 3 steps was answered with the progress of 1"):
+        ticks.send(Progress(8))
+
+
+def test_a_schedule_with_a_batch_event_shown_has_no_runs() -> None:
+    ticks = [what for what, _ in run_schedule(4, 2, runs=True, events={Event.BATCH_END})]
+    assert ticks.count(Action.STEP) == 4 and not any(isinstance(what, Steps) for what in ticks)
 
 
 def _where(ticks: list[Tick]) -> list[tuple[object, int, int, int]]:
