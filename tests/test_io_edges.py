@@ -255,7 +255,15 @@ def test_a_sweep_file_that_is_a_folder_or_binary_is_one_line_naming_it(tmp_path:
         sweep.write_bytes(content)
     assert main(["pareto", "--config", str(sweep)]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and f"sweep file {str(sweep)!r} {message}" in err[0]
+    assert len(err) == 1 and f"sweep file {str(sweep)!r}: {message}" in err[0]
+
+
+def test_a_sweep_file_that_is_not_toml_is_one_line_naming_it_and_where(tmp_path: Path, capsys) -> None:
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text("seeds = [1]\nrecipes = = 2\n")
+    assert main(["pareto", "--config", str(sweep)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"composer-fn: {sweep}: not TOML (") and "line" in err[0], err
 
 
 def test_a_recipes_unknown_field_lists_each_accepted_name_once(tmp_path: Path, capsys) -> None:

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from composer_fn.app._toml import read_toml
 from composer_fn.core import validate
 
 __all__ = ["Sweep", "RunSpec", "Result", "Point", "load_sweep", "run_sweep", "summarise", "draw", "write_pareto"]
@@ -132,19 +133,8 @@ def load_sweep(path: str | os.PathLike[str]) -> Sweep:
     source = Path(path)
     if not source.is_file():
         what = "is a folder" if source.is_dir() else "does not exist"
-        raise SweepError(f"sweep file {str(source)!r} {what}: expected a TOML file (see composer_fn.app.pareto)")
-    try:
-        import tomllib
-    except ModuleNotFoundError:
-        raise SweepError("sweep files need Python 3.11 or newer (the standard library's tomllib)") from None
-    try:
-        table = tomllib.loads(source.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise SweepError(f"sweep file {str(source)!r} cannot be read ({error.strerror or error}): expected a TOML file") from None
-    except UnicodeDecodeError:
-        raise SweepError(f"sweep file {str(source)!r} is not text (not UTF-8): expected a TOML file (see composer_fn.app.pareto)") from None
-    except tomllib.TOMLDecodeError as error:
-        raise SweepError(f"sweep file {str(source)!r} is not valid TOML: {error}") from None
+        raise SweepError(f"sweep file {str(source)!r}: {what}; expected a TOML file (see composer_fn.app.pareto)")
+    table = read_toml(source, f"sweep file {str(source)!r}", SweepError, "the sweep in composer_fn.app.pareto's docs")
     known = {"recipes", "max_durations", "scale_schedule_ratios", "seeds", "folder", "baseline", "flags"}
     unknown = sorted(set(table) - known)
     if unknown:

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from composer_fn.app._toml import read_toml
+
 if TYPE_CHECKING:
     from composer_fn.callbacks import Callback
     from composer_fn.core.algorithm import Algorithm
@@ -269,20 +271,7 @@ def recipe_fields(path: str | os.PathLike[str]) -> dict[str, Any]:
 def _read(file: Path, named: str, chain: tuple[Path, ...]) -> dict[str, Any]:
     """Returns the TOML table in ``file`` with its ``base`` chain merged under it; ``named`` says how errors
     name the file (the flag for the recipe given, ``<recipe>: field base`` for a base)."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        raise RecipeError("recipe files need Python 3.11 or newer (the standard library's tomllib)") from None
-
-    try:
-        with file.open("rb") as stream:
-            data = tomllib.load(stream)
-    except OSError as error:
-        raise RecipeError(f"{named}: cannot be read ({error.strerror or error}); expected a TOML file") from None
-    except UnicodeDecodeError:
-        raise RecipeError(f"{named}: is not text (not UTF-8); expected a TOML file, e.g. recipes/digits-baseline.toml") from None
-    except tomllib.TOMLDecodeError as error:
-        raise RecipeError(f"{file}: not TOML ({error})") from None
+    data = read_toml(file, named, RecipeError, "recipes/digits-baseline.toml")
     data = _record_tables_as_fields(Recipe(file, {}), data)
     if "base" not in data:
         return data
