@@ -63,6 +63,7 @@ __all__ = [
     "compile_step",
     "make_train_step",
     "make_eval_step",
+    "optimize",
     "unused_parameters",
     "cross_entropy_loss",
     "cross_entropy_per_sample_loss",
@@ -275,7 +276,7 @@ def make_train_step(
     forward_with = functools.partial(_forward, static, precision.autocast, slots, input_key is None)
     accepted = keyword_names(static.module) if input_key is None else None
     model_input = functools.partial(model_inputs, input_key=input_key, accepted=accepted)
-    update = functools.partial(_optimize, tx, donate=donate)
+    update = functools.partial(optimize, tx, donate=donate)
     microbatched = microbatch_size is not None or reduce is not None
     if grad_mode == "autograd" and not plan.hooks and not microbatched and not norms:
         return make_plain_step(
@@ -454,7 +455,8 @@ def _announcer(ready: Callable[[str, Tensor], None], name: str) -> Callable[[Ten
 
     return announce
 
-def _optimize(
+
+def optimize(
     tx: GradientTransformation,
     grads: Mapping[str, Tensor],
     opt: OptState,
@@ -463,6 +465,10 @@ def _optimize(
     *,
     donate: bool,
 ) -> tuple[dict[str, Tensor], OptState]:
+    """Returns ``(params, opt)`` after ``tx``'s update with ``grads``: the parameters without a gradient, and their
+    optimizer state, are left as they are (as ``torch.optim`` skips a ``.grad`` of None); with ``finite`` (fp16
+    loss scaling), a step whose gradients are not all finite changes nothing. With ``donate``, an eager update may
+    write ``params`` and ``opt``'s tensors in place (torch's fused kernels)."""
     if finite is None:
         return _update(tx, grads, opt, params, donate)
     if not torch.compiler.is_compiling():

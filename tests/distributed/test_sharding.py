@@ -1,0 +1,264 @@
+"""Sharded training on torch's FSDP2: two gloo processes train what one process trains, and what a hand-written
+``fully_shard`` + ``torch.optim`` loop trains, on models we did not write (Hugging Face GPT-2 with its tied
+embedding and Llama, torchvision's ResNet and ViT)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import Tensor, nn
+
+from composer_fn.optim import adamw, sgd
+from composer_fn.trainer.sharding import (
+    FSDP,
+    device_mesh,
+    local_shards,
+    make_sharded_step,
+    shard_module,
+    shard_units,
+)
+from tests.distributed.launch import run_ranks
+
+WORLD = 2
+STEPS = 3
+BATCH = 8
+
+
+def _gpt2() -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
+    return GPT2LMHeadModel(config)
+
+
+def _llama() -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=16,
+    )  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def _vit() -> nn.Module:
+    return torchvision.models.VisionTransformer(
+        image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=4
+    )
+
+
+def _resnet() -> nn.Module:
+    return torchvision.models.resnet.ResNet(torchvision.models.resnet.BasicBlock, [1, 1, 1, 1], num_classes=4)
+
+
+# name: (model, batches, model input, loss, whether the model calls it with keywords, the hand loop's units)
+def _tokens(step: int) -> tuple[Tensor, ...]:
+    ids = torch.randint(0, 64, (BATCH, 12), generator=torch.Generator().manual_seed(step))
+    return (ids,)
+
+
+def _images(step: int) -> tuple[Tensor, ...]:
+    generator = torch.Generator().manual_seed(100 + step)
+    return torch.randn(BATCH, 3, 16, 16, generator=generator), torch.randint(0, 4, (BATCH,), generator=generator)
+
+
+def _lm_input(batch: tuple[Tensor, ...]) -> dict[str, Tensor]:
+    return {"input_ids": batch[0], "labels": batch[0]}
+
+
+def _lm_loss(outputs: Any, batch: Any) -> Tensor:
+    return outputs.loss
+
+
+def _image_loss(outputs: Tensor, batch: tuple[Tensor, ...]) -> Tensor:
+    return F.cross_entropy(outputs, batch[1])
+
+
+CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[int], tuple[Tensor, ...]], bool, Callable[[nn.Module], list[nn.Module]]]] = {
+    "gpt2": (_gpt2, _tokens, True, lambda m: list(m.transformer.h)),
+    "llama": (_llama, _tokens, True, lambda m: list(m.model.layers)),
+    "vit": (_vit, _images, False, lambda m: list(m.encoder.layers)),
+    "resnet": (_resnet, _images, False, lambda m: [block for stage in (m.layer1, m.layer2, m.layer3, m.layer4) for block in stage]),
+}
+OPTIMIZERS = {
+    "adamw": (lambda: adamw(1e-2, weight_decay=0.1), lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1)),
+    "sgd": (lambda: sgd(0.1, momentum=0.9), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
+}
+RUNS = [("gpt2", "adamw"), ("llama", "adamw"), ("vit", "sgd"), ("resnet", "sgd")]
+
+
+def _build(case: str) -> nn.Module:
+    torch.manual_seed(0)
+    return CASES[case][0]()
+
+
+def _share(batch: tuple[Tensor, ...], rank: int) -> tuple[Tensor, ...]:
+    return tuple(t.chunk(WORLD)[rank] for t in batch)
+
+
+def _call(model: nn.Module, batch: tuple[Tensor, ...], keywords: bool) -> Any:
+    return model(**_lm_input(batch)) if keywords else model(batch[0])
+
+
+def _loss(case: str) -> Callable[[Any, Any], Tensor]:
+    return _lm_loss if CASES[case][2] else _image_loss
+
+
+def _ours(case: str, optimizer: str, rank: int, options: FSDP) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    model = _build(case)
+    tied = hasattr(model, "lm_head") and model.lm_head.weight is model.get_input_embeddings().weight
+    units = [name for name, _ in shard_units(model, options)]
+    # Each process holds a slice of every parameter's rows (the first dimension).
+    shard_sizes = {name: -(-p.shape[0] // WORLD) * p[0].numel() for name, p in model.named_parameters()}
+    shard_module(model, options, device_mesh(options, WORLD, "cpu"))
+    params = local_shards(model)
+    tx = OPTIMIZERS[optimizer][0]()
+    from composer_fn.core.random import key
+    from composer_fn.core.state import State
+
+    state = State(params=params, buffers={}, opt=tx.init(params), algos={}, hparams={}, step=torch.zeros((), dtype=torch.int64), key=key(0))
+    keywords = CASES[case][2]
+    step = make_sharded_step(
+        model, _loss(case), tx, model_input=_lm_input if keywords else (lambda b: b[0]), keywords=keywords
+    )
+    for index in range(STEPS):
+        state, _ = step(state, _share(CASES[case][1](index), rank), 1.0 / WORLD)
+    facts = {
+        "units": units,
+        "tied": tied,
+        "still_tied": tied and model.lm_head.weight is model.get_input_embeddings().weight,
+        "sharded": all(state.params[name].numel() <= shard_sizes[name] for name in state.params),
+        "same_storage": all(
+            state.params[name].data_ptr() == p.to_local().data_ptr()
+            for name, p in model.named_parameters()
+            if p.to_local().numel()  # a first dimension shorter than the processes leaves some an empty shard
+        ),
+    }
+    return {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}, facts
+
+
+def _hand(case: str, optimizer: str, rank: int) -> dict[str, Tensor]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = _build(case)
+    mesh = init_device_mesh("cpu", (WORLD,))
+    for unit in CASES[case][3](model):
+        fully_shard(unit, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optim = OPTIMIZERS[optimizer][1](model.parameters())
+    for index in range(STEPS):
+        batch = _share(CASES[case][1](index), rank)
+        optim.zero_grad()
+        _loss(case)(_call(model, batch, CASES[case][2]), batch).backward()
+        optim.step()
+    return {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}
+
+
+def _one_process(case: str, optimizer: str) -> dict[str, Tensor]:
+    # BatchNorm normalises by each process's batch: the one-process run has them as microbatches.
+    model = _build(case)
+    optim = OPTIMIZERS[optimizer][1](model.parameters())
+    for index in range(STEPS):
+        optim.zero_grad()
+        for rank in range(WORLD):
+            batch = _share(CASES[case][1](index), rank)
+            (_loss(case)(_call(model, batch, CASES[case][2]), batch) / WORLD).backward()
+        optim.step()
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def _ranks(rank: int) -> dict[str, Any]:
+    torch.distributed.init_process_group("gloo")
+    results: dict[str, Any] = {}
+    for case, optimizer in RUNS:
+        ours, facts = _ours(case, optimizer, rank, FSDP())
+        again, _ = _ours(case, optimizer, rank, FSDP())
+        results[case] = {"ours": ours, "again": again, "hand": _hand(case, optimizer, rank), "facts": facts}
+    kept, _ = _ours("gpt2", "adamw", rank, FSDP(reshard_after_forward=False, activation_checkpointing=True))
+    results["gpt2-kept-checkpointed"] = kept
+    return results
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return run_ranks(_ranks, WORLD, tmp_path_factory.mktemp("sharding"))
+
+
+@pytest.mark.parametrize(("case", "optimizer"), RUNS)
+def test_two_sharded_processes_train_what_one_process_and_a_fully_shard_loop_train(
+    ranks: list[dict[str, Any]], case: str, optimizer: str
+) -> None:
+    result = ranks[0][case]
+    reference = _one_process(case, optimizer)
+    assert result["ours"].keys() == reference.keys()
+    # Adam divides a gradient by its own size: one that is zero but for rounding (an attention key's bias, which the
+    # softmax cancels) moves by its rounding, which the order of the reduction changes.
+    atol = 5e-5 if optimizer == "adamw" else 2e-6
+    for name, expected in reference.items():
+        torch.testing.assert_close(result["ours"][name], expected, rtol=2e-5, atol=atol)
+        torch.testing.assert_close(result["ours"][name], result["hand"][name], rtol=2e-5, atol=atol)
+        assert torch.equal(result["ours"][name], result["again"][name]), name  # bitwise, run again
+        assert torch.equal(result["ours"][name], ranks[1][case]["ours"][name]), name  # every rank sees one model
+    initial = dict(_build(case).named_parameters())
+    assert sum(not torch.equal(reference[name], p.detach()) for name, p in initial.items()) > len(initial) // 2
+
+
+def test_units_are_each_block_shards_are_this_process_s_and_ties_stay() -> None:
+    assert [n for n, _ in shard_units(_gpt2(), FSDP())] == ["transformer.h.0", "transformer.h.1"]
+    assert [n for n, _ in shard_units(_llama(), FSDP())] == ["model.layers.0", "model.layers.1"]
+    assert [n for n, _ in shard_units(_vit(), FSDP())] == ["encoder.layers.encoder_layer_0", "encoder.layers.encoder_layer_1"]
+    resnet = [n for n, _ in shard_units(torchvision.models.resnet18(num_classes=4), FSDP())]
+    assert resnet == [f"layer{stage}.{block}" for stage in range(1, 5) for block in range(2)]
+    assert [n for n, _ in shard_units(_gpt2(), FSDP(units=("GPT2MLP",)))] == ["transformer.h.0.mlp", "transformer.h.1.mlp"]
+    hinted = _gpt2()
+    hinted._no_split_modules = {"GPT2Attention", "GPT2MLP"}  # a model's own units
+    assert [n for n, _ in shard_units(hinted, FSDP())] == [f"transformer.h.{i}.{part}" for i in (0, 1) for part in ("attn", "mlp")]
+    with pytest.raises(ValueError, match=r"FSDP.units=\('Block',\) names no submodule of GPT2LMHeadModel; its classes: .*GPT2Block"):
+        shard_units(_gpt2(), FSDP(units=("Block",)))
+
+
+def test_a_unit_holding_a_weight_tied_outside_it_is_left_to_the_unit_around_both() -> None:
+    model = nn.Sequential(nn.Embedding(8, 4), nn.Linear(4, 4), nn.Linear(4, 8, bias=False))
+    model[2].weight = model[0].weight
+    assert [n for n, _ in shard_units(model, FSDP(units=("Embedding", "Linear")))] == ["1"]
+
+
+def test_sharded_facts(ranks: list[dict[str, Any]]) -> None:
+    for rank in ranks:
+        gpt2 = rank["gpt2"]["facts"]
+        assert gpt2["tied"] and gpt2["still_tied"]
+        assert gpt2["units"] == ["transformer.h.0", "transformer.h.1"]
+        for case in CASES:
+            assert rank[case]["facts"]["sharded"] and rank[case]["facts"]["same_storage"], case
+    # Keeping gathered parameters to the backward and recomputing activations change memory, not numbers.
+    for name, value in ranks[0]["gpt2"]["ours"].items():
+        torch.testing.assert_close(ranks[0]["gpt2-kept-checkpointed"][name], value, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"units": "GPT2Block"}, r"FSDP.units='GPT2Block': expected a non-empty tuple of module class names"),
+        ({"units": ()}, r"FSDP.units=\(\): expected a non-empty tuple"),
+        ({"param_dtype": "int8"}, r"FSDP.param_dtype"),
+        ({"replicate": 0}, r"FSDP.replicate"),
+        ({"reshard_after_forward": 1}, r"FSDP.reshard_after_forward"),
+    ],
+)
+def test_bad_options_are_refused_naming_the_field(options: dict[str, Any], message: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=message):
+        FSDP(**options)
+
+
+def test_a_replica_count_that_does_not_divide_the_processes_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="FSDP.replicate=3 must divide the number of processes, 4"):
+        device_mesh(FSDP(replicate=3), 4, "cpu")
