@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from composer_fn.core.time import Timestamp as Timestamp
     from composer_fn.core.time import TimeUnit as TimeUnit
     from composer_fn.export import export_model as export_model
+    from composer_fn.trainer import FSDP as FSDP
     from composer_fn.trainer import BatchLayout as BatchLayout
     from composer_fn.trainer import Checkpointing as Checkpointing
     from composer_fn.trainer import Evaluator as Evaluator
@@ -50,6 +51,7 @@ _ORIGINS: dict[str, str] = {
     "BatchLayout": "composer_fn.trainer",
     "Checkpointing": "composer_fn.trainer",
     "Evaluator": "composer_fn.trainer",
+    "FSDP": "composer_fn.trainer",
     "Execution": "composer_fn.trainer",
     "Reporting": "composer_fn.trainer",
     "Resume": "composer_fn.trainer",
@@ -82,6 +84,7 @@ _NAMES = (
     "Checkpointing",
     "Evaluator",
     "Event",
+    "FSDP",
     "Execution",
     "Reporting",
     "Resume",

@@ -3,11 +3,12 @@
 from composer_fn.trainer.checkpoint import load_checkpoint, save_checkpoint
 from composer_fn.trainer.evaluator import Evaluator
 from composer_fn.trainer.model import load_model
-from composer_fn.trainer.options import BatchLayout, Checkpointing, Execution, Reporting, Resume
+from composer_fn.trainer.options import FSDP, BatchLayout, Checkpointing, Execution, Reporting, Resume
 from composer_fn.trainer.step import cross_entropy_loss, make_eval_step, make_train_step
 from composer_fn.trainer.trainer import Trainer
 
 __all__ = [
+    "FSDP",
     "BatchLayout",
     "Checkpointing",
     "Evaluator",

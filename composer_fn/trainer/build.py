@@ -47,6 +47,7 @@ from composer_fn.trainer.outputs import (
     settle_loss_function,
 )
 from composer_fn.trainer.precision import Precision
+from composer_fn.trainer.sharding import check_sharded_run, device_mesh, local_shards, shard_module
 
 __all__ = ["Run", "Losses", "build_run", "start_state", "to_device", "SUPPORTED_REQUIREMENTS"]
 
@@ -143,6 +144,8 @@ def build_run(
     if slow is not None:
         warnings.warn(slow, stacklevel=3)
     world = distributed.setup(device, execution.dist_timeout)
+    if execution.parallelism is not None:
+        check_sharded_run(options, checked, distributed.grouped())
     distributed.check_loader(train_dataloader, "train_dataloader", world)
     for argument, loader in loaders[1:]:
         distributed.check_loader(loader, argument, world, evaluation=True)
@@ -272,6 +275,15 @@ def start_state(
         or a.changes_nothing() is not None
         or a.changes_nothing_in(run.max_steps, run.steps_per_epoch) is not None
     )
+    sharding = run.options.execution.parallelism
+    if sharding is not None:
+        # The state holds each process's shards: the storage of the sharded module's own parameters.
+        module = static.module
+        with torch.no_grad():
+            for name, tensor in (*module.named_parameters(), *module.named_buffers()):
+                tensor.copy_(state.params[name] if name in state.params else state.buffers[name])
+        shard_module(module, sharding, device_mesh(sharding, run.world.size, run.device.type))
+        state = state.replace(params=local_shards(module), buffers=dict(module.named_buffers()))
     state = state.replace(
         opt=run.tx.init(state.params),
         algos={a.name: a.init(static, state) for a in run.algorithms},

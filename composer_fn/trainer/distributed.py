@@ -3,7 +3,8 @@
 A run of N processes is the one-process run of the global batch cut into device microbatches: each rank
 computes its microbatches' loss-weighted gradient sums, ``all_reduce_sum`` adds them across ranks (one
 collective per bucket, eagerly and inside a compiled step; eagerly, ``Summation`` issues each bucket from the
-backward as soon as its gradients are in), and every rank divides by the global sample count. Nothing else in the package talks to ``torch.distributed`` except through this module.
+backward as soon as its gradients are in), and every rank divides by the global sample count. Nothing else in the package talks to ``torch.distributed`` except
+through this module, and ``sharding`` (torch's FSDP2 over a device mesh).
 
 BatchNorm running statistics never differ between ranks: each microbatch's update starts from the step's
 statistics and the step keeps their average over the global batch's microbatches, summed in the same
@@ -29,6 +30,7 @@ from composer_fn.core import validate
 
 __all__ = [
     "attempt_step",
+    "grouped",
     "Summation",
     "World",
     "all_reduce_sum",
@@ -95,6 +97,11 @@ def environment_world() -> World | None:
             f"environment RANK={values['RANK']}, WORLD_SIZE={values['WORLD_SIZE']}: expected 0 <= RANK < WORLD_SIZE"
         )
     return World(values["RANK"], values["WORLD_SIZE"], values["LOCAL_RANK"])
+
+
+def grouped() -> bool:
+    """Returns whether this process is in an initialised process group."""
+    return dist.is_available() and dist.is_initialized()
 
 
 def local_device(device: torch.device | None) -> torch.device | None:

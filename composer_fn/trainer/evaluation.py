@@ -37,6 +37,7 @@ def evaluate(
     reduce: Reduce | None = None,
     gather: Callable[[list[float]], list[float]] | None = None,
     per_position: bool = False,
+    collective: bool = False,
 ) -> dict[str, float]:
     """Returns ``accuracy`` (multiclass, micro: correct over labelled positions) and ``loss`` (the batches'
     losses weighted by their sizes; with ``per_position``, a loss that averages over labelled positions, as the
@@ -49,7 +50,8 @@ def evaluate(
     process's share of a short last batch) is skipped. ``on_event`` runs at EVAL_BATCH_START and EVAL_BATCH_END
     of every batch. Across processes, ``reduce`` sums the counts and ``gather`` concatenates the batches' weighted
     losses in rank order; the loss is their correctly rounded sum (``math.fsum``), so the metrics do not depend
-    on how the batches were shared out. No sample at all is an error, not NaN metrics.
+    on how the batches were shared out. No sample at all is an error, not NaN metrics. A ``collective`` step (a
+    sharded model's forward, which every process takes part in) runs on an empty batch too, its outputs unused.
     """
     correct = torch.zeros((), dtype=torch.int64, device=device)
     labelled = torch.zeros((), dtype=torch.int64, device=device)
@@ -57,6 +59,8 @@ def evaluate(
     losses: list[Tensor] = []
     for batch in batches:
         if int(batch_input(batch, input_key).shape[0]) == 0:
+            if collective:
+                step(state, batch)
             continue
         on_event(Event.EVAL_BATCH_START)
         outputs = step(state, batch)
@@ -95,12 +99,14 @@ def measure(
     target_key: int | str | None,
     on_event: Callable[[Event], None],
     causal: bool = False,
+    collective: bool = False,
 ) -> dict[str, float]:
     """Returns ``evaluator``'s torchmetrics metrics of ``state``, as ``eval/<label>/<name>``.
 
     Each metric is reset, updated with ``(logits, targets)`` on every non-empty batch (on the outputs' device;
     the outputs themselves where they are not a record holding ``logits``; shifted a position apart for a
     ``causal`` language model) and computed; torchmetrics sums its states across processes when a process group is up.
+    A ``collective`` step runs on an empty batch too (see ``evaluate``).
     """
     metrics = dict(evaluator.metrics)
     for metric in metrics.values():
@@ -112,6 +118,8 @@ def measure(
             logits, shifted = causal_shift(logits_of(step(state, batch)), target, causal)
             for metric in metrics.values():
                 metric.to(logits.device).update(logits, shifted)
+        elif collective:
+            step(state, batch)
         on_event(Event.EVAL_BATCH_END)
     results = {}
     for name, metric in metrics.items():
@@ -155,13 +163,17 @@ def evaluate_on(
     default_loss: bool = True,
     reduce: Reduce | None = None,
     gather: Callable[[list[float]], list[float]] | None = None,
+    collective: bool = False,
 ) -> dict[str, float]:
     """Returns ``evaluator``'s metrics of ``state``, named ``eval/<label>/<metric>``: its own metrics (``measure``),
     else the exact accuracy and loss (``evaluate``), over its first ``subset_num_batches`` batches moved by
-    ``to_device``."""
+    ``to_device`` (``collective``: see ``evaluate``)."""
     batches = map(to_device, itertools.islice(evaluator.dataloader, evaluator.subset_num_batches))
     if evaluator.metrics is not None:
-        return measure(step, state, batches, evaluator, target_key=layout.target_key, on_event=on_event, causal=causal)
+        return measure(
+            step, state, batches, evaluator, target_key=layout.target_key, on_event=on_event, causal=causal,
+            collective=collective,
+        )  # fmt: skip
     results = evaluate(
         step,
         state,
@@ -175,6 +187,7 @@ def evaluate_on(
         reduce=reduce,
         gather=gather,
         per_position=default_loss,
+        collective=collective,
     )
     return {f"eval/{evaluator.label}/{name}": value for name, value in results.items()}
 

@@ -35,6 +35,7 @@ from composer_fn.trainer.checks import first_line, input_expectation
 from composer_fn.trainer.evaluation import evaluate
 from composer_fn.trainer.evaluator import Evaluator
 from composer_fn.trainer.outputs import causal_shift, keyword_names, logits_of, positions_per_sample
+from composer_fn.trainer.sharding import is_sharded
 from composer_fn.trainer.step import check_class_targets, make_eval_step
 
 __all__ = [
@@ -121,7 +122,9 @@ def check_targets(setup: SetUp, state: State, timestamp: Timestamp, batch: Any) 
         key = setup.input_key if setup.input_key is not None else 0
         item(batch, setup.target_key, "target_key", where)
         first = batch_set(batch, key, pytree.tree_map(first_sample, batch_get(batch, key)))
-    step = make_eval_step(setup.static, make_plan((), timestamp=timestamp), input_key=setup.input_key)
+    step = make_eval_step(
+        setup.static, make_plan((), timestamp=timestamp), input_key=setup.input_key, own_tensors=is_sharded(setup.static.module)
+    )
     module = setup.static.module
     training = module.training
     try:
@@ -197,7 +200,9 @@ def check_evaluators(
     # are clones, and torch's random state is put back after the loader's first batch is drawn.
     if not evaluators:
         return
-    step = make_eval_step(setup.static, make_plan((), timestamp=timestamp), input_key=setup.input_key)
+    step = make_eval_step(
+        setup.static, make_plan((), timestamp=timestamp), input_key=setup.input_key, own_tensors=is_sharded(setup.static.module)
+    )
     module = setup.static.module
     training = module.training
     try:
@@ -230,6 +235,8 @@ def _check_evaluator(
     if not isinstance(target, Tensor):
         raise TypeError(f"{where} has targets (batch[{setup.target_key!r}]) of type {type(target).__name__}: expected a tensor")
     if isinstance(inputs, Tensor) and inputs.dim() and not inputs.shape[0]:
+        if is_sharded(setup.static.module):
+            step(state, batch)  # a sharded model's forward is every process's
         return  # a process's empty share of a short batch
     outputs = outputs_of(setup, step, state, batch, where)
     logits, shifted = causal_shift(logits_of(outputs), target, setup.causal)

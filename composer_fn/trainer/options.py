@@ -31,6 +31,7 @@ from composer_fn.trainer.checks import check_loss_signature, plain_metadata
 from composer_fn.trainer.step import GRAD_MODES, GradMode
 
 __all__ = [
+    "FSDP",
     "Execution",
     "BatchLayout",
     "Checkpointing",
@@ -99,6 +100,63 @@ def _set(record: object, **values: Any) -> None:
         object.__setattr__(record, name, value)
 
 
+DTypeName = Literal["fp32", "bf16", "fp16"]
+_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class FSDP:
+    """Shards the parameters, gradients and optimizer state over the processes (ZeRO-3), with torch's ``fully_shard``.
+
+    Args:
+        reshard_after_forward: free each unit's gathered parameters after its forward (they are gathered again for
+            its backward): less memory for one more all-gather a step. False keeps them to the backward.
+        units: the class names of the submodules sharded as one unit (gathered together); None takes the model's
+            own hint (a Hugging Face model's ``_no_split_modules``), else each block of a repeated stack (see
+            ``shard_units``). A unit nested in another is its own unit.
+        param_dtype: the dtype units compute in (their parameters are cast when gathered): ``'bf16'`` or
+            ``'fp16'`` for mixed precision; None computes in the parameters' own dtype. The parameters, and so
+            the optimizer's arithmetic, keep theirs (fp32 master weights).
+        reduce_dtype: the dtype gradients are summed across processes in (``'fp32'`` by default); None reduces in
+            ``param_dtype``.
+        activation_checkpointing: recompute each unit's activations in the backward instead of keeping them.
+        replicate: HSDP: the processes form ``replicate`` groups; each shards the model over its members and the
+            groups' gradients are summed (a 2-D mesh, replicate × shard). 1 shards over every process.
+    """
+
+    reshard_after_forward: bool = True
+    units: tuple[str, ...] | None = None
+    param_dtype: DTypeName | None = None
+    reduce_dtype: DTypeName | None = "fp32"
+    activation_checkpointing: bool = False
+    replicate: int = 1
+
+    def __post_init__(self) -> None:
+        validate.flag(_name("FSDP", "reshard_after_forward"), self.reshard_after_forward)
+        validate.flag(_name("FSDP", "activation_checkpointing"), self.activation_checkpointing)
+        for dtype_field in ("param_dtype", "reduce_dtype"):
+            value = getattr(self, dtype_field)
+            if value is not None:
+                validate.choice(_name("FSDP", dtype_field), value, tuple(_DTYPES))
+        units = self.units
+        if units is not None:
+            if isinstance(units, str) or not all(isinstance(name, str) and name for name in units) or not units:
+                raise TypeError(
+                    f"{_name('FSDP', 'units')}={units!r}: expected a non-empty tuple of module class names, e.g. ('GPT2Block',), "
+                    "or None"
+                )
+            object.__setattr__(self, "units", tuple(units))
+        validate.integer(_name("FSDP", "replicate"), self.replicate, minimum=1)
+
+    def mixed_precision(self) -> Any:
+        """Returns torch's ``MixedPrecisionPolicy`` of these options."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        param = _DTYPES[self.param_dtype] if self.param_dtype is not None else None
+        reduce = _DTYPES[self.reduce_dtype] if self.reduce_dtype is not None else None
+        return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
+
+
 @dataclass(frozen=True)
 class Execution:
     """Where and how the step runs.
@@ -118,6 +176,8 @@ class Execution:
             of device memory, halves the microbatch and retries the same batch (every process agrees); the size it
             settles on is logged. None: one microbatch. Composer's ``device_train_microbatch_size``.
         dist_timeout: seconds a collective waits for the other processes (torchrun runs) before failing.
+        parallelism: ``FSDP(...)`` shards the parameters, gradients and optimizer state over the processes
+            (``composer_fn.trainer.sharding``); None: each process holds the whole model.
     """
 
     device: str | torch.device | None = None
@@ -126,6 +186,7 @@ class Execution:
     grad_mode: GradMode | None = None
     microbatch_size: int | Literal["auto"] | None = None
     dist_timeout: float = 300.0
+    parallelism: FSDP | None = None
 
     def __post_init__(self) -> None:
         precision = self.precision
@@ -148,6 +209,10 @@ class Execution:
         if size is not None and size != "auto":
             size = validate.integer(_name("Execution", "microbatch_size"), size, minimum=1, hint="or 'auto' or None")
         timeout = validate.real(_name("Execution", "dist_timeout"), self.dist_timeout, minimum=0.0, open_below=True)
+        if self.parallelism is not None and not isinstance(self.parallelism, FSDP):
+            raise TypeError(
+                f"{_name('Execution', 'parallelism')}={self.parallelism!r}: expected composer_fn.trainer.FSDP(...) or None"
+            )
         _set(self, compile=backend, microbatch_size=size, dist_timeout=float(timeout))
 
     @property
@@ -367,6 +432,7 @@ COMPOSER_NAMES: Mapping[str, tuple[str, str]] = {
     "grad_mode": ("execution", "grad_mode"),
     "device_train_microbatch_size": ("execution", "microbatch_size"),
     "dist_timeout": ("execution", "dist_timeout"),
+    "parallelism": ("execution", "parallelism"),
     "input_key": ("layout", "input_key"),
     "target_key": ("layout", "target_key"),
     "loss_fn": ("layout", "loss_fn"),

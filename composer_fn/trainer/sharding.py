@@ -10,8 +10,7 @@ The step (``make_sharded_step``) is torch's: the forward through the sharded mod
 gradient reduce-scattered into its parameter's ``.grad`` as a ``Shard(0)`` DTensor), then the run's optimizer on
 this process's shards, in place. The optimizers are elementwise, so the arithmetic on a shard is that of the same
 elements of the whole: the step is the one-process step. Each process's loss counts by its share of the global
-batch (``share``; the reduction averages over the processes, so the loss is weighted by the share times their
-number), so processes with batches of other sizes still give the global batch's mean gradient.
+batch, so processes with batches of other sizes still give the global batch's mean gradient.
 
 The run's state holds each parameter's local shard (``local_shards``), the very storage the module's DTensor
 parameters hold: an update in place is seen by the next forward.
@@ -20,76 +19,64 @@ parameters hold: an update in place is seen by the next forward.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from composer_fn.core import validate
-from composer_fn.core.state import State
+from composer_fn.core import random as R
+from composer_fn.core.algorithm import Algorithm
+from composer_fn.core.state import State, batch_meta
+from composer_fn.nn.keyed import forward_key_names, forward_keys
 from composer_fn.optim.base import GradientTransformation
-from composer_fn.trainer.step import optimize
+from composer_fn.trainer.microbatch import norm_statistics
+from composer_fn.trainer.model import module_with
+from composer_fn.trainer.options import FSDP, Options
+from composer_fn.trainer.outputs import keyword_names, model_inputs
+from composer_fn.trainer.step import StepFn, optimize
 
-__all__ = ["FSDP", "device_mesh", "shard_units", "shard_module", "local_shards", "make_sharded_step"]
+__all__ = [
+    "FSDP",
+    "check_sharded_run",
+    "device_mesh",
+    "shard_units",
+    "shard_module",
+    "local_shards",
+    "is_sharded",
+    "gathered_module",
+    "make_sharded_step",
+]
 
-DTypeName = Literal["fp32", "bf16", "fp16"]
-_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@dataclass(frozen=True)
-class FSDP:
-    """Shards the parameters, gradients and optimizer state over the processes (ZeRO-3), with torch's ``fully_shard``.
-
-    Args:
-        reshard_after_forward: free each unit's gathered parameters after its forward (they are gathered again for
-            its backward): less memory for one more all-gather a step. False keeps them to the backward.
-        units: the class names of the submodules sharded as one unit (gathered together); None takes the model's
-            own hint (a Hugging Face model's ``_no_split_modules``), else each block of a repeated stack (see
-            ``shard_units``). A unit nested in another is its own unit.
-        param_dtype: the dtype units compute in (their parameters are cast when gathered): ``'bf16'`` or
-            ``'fp16'`` for mixed precision; None computes in the parameters' own dtype. The parameters, and so
-            the optimizer's arithmetic, keep theirs (fp32 master weights).
-        reduce_dtype: the dtype gradients are summed across processes in (``'fp32'`` by default); None reduces in
-            ``param_dtype``.
-        activation_checkpointing: recompute each unit's activations in the backward instead of keeping them.
-        replicate: HSDP: the processes form ``replicate`` groups; each shards the model over its members and the
-            groups' gradients are summed (a 2-D mesh, replicate × shard). 1 shards over every process.
-    """
-
-    reshard_after_forward: bool = True
-    units: tuple[str, ...] | None = None
-    param_dtype: DTypeName | None = None
-    reduce_dtype: DTypeName | None = "fp32"
-    activation_checkpointing: bool = False
-    replicate: int = 1
-
-    def __post_init__(self) -> None:
-        validate.flag("FSDP.reshard_after_forward", self.reshard_after_forward)
-        validate.flag("FSDP.activation_checkpointing", self.activation_checkpointing)
-        for field in ("param_dtype", "reduce_dtype"):
-            value = getattr(self, field)
-            if value is not None:
-                validate.choice(f"FSDP.{field}", value, tuple(_DTYPES))
-        units = self.units
-        if units is not None:
-            if isinstance(units, str) or not all(isinstance(name, str) and name for name in units) or not units:
-                raise TypeError(
-                    f"FSDP.units={units!r}: expected a non-empty tuple of module class names, e.g. ('GPT2Block',), "
-                    "or None"
-                )
-            object.__setattr__(self, "units", tuple(units))
-        validate.integer("FSDP.replicate", self.replicate, minimum=1)
-
-    def mixed_precision(self) -> Any:
-        """Returns torch's ``MixedPrecisionPolicy`` of these options."""
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        param = _DTYPES[self.param_dtype] if self.param_dtype is not None else None
-        reduce = _DTYPES[self.reduce_dtype] if self.reduce_dtype is not None else None
-        return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
+def check_sharded_run(options: Options, algorithms: Sequence[Algorithm], grouped: bool) -> None:
+    """Raises ValueError, naming the option, for what a sharded run (``options.execution.parallelism``) does not do
+    yet: no process group (``grouped``), algorithms, microbatches, a compiled or ``func``-mode step, fp16 loss
+    scaling, checkpoints."""
+    execution = options.execution
+    given = f"Execution.parallelism={execution.parallelism!r}"
+    if not grouped:
+        raise ValueError(
+            f"{given} shards over the processes of a process group: launch with torchrun (composer-fn train --nproc "
+            "N), or initialise torch.distributed first"
+        )
+    refused = [
+        (bool(algorithms), f"algorithms={[a.name for a in algorithms]}"),
+        (execution.microbatch_size is not None, f"Execution.microbatch_size={execution.microbatch_size!r}"),
+        (execution.compile is not None, f"Execution.compile={execution.compile!r}"),
+        (execution.grad_mode == "func", "Execution.grad_mode='func'"),
+        (execution.precision == "fp16-mixed", "Execution.precision='fp16-mixed'"),
+        (options.checkpointing.folder is not None, f"Checkpointing.folder={str(options.checkpointing.folder)!r}"),
+        (options.resume.path is not None or options.resume.autoresume, "Resume (load_path, autoresume)"),
+    ]
+    named = [name for refuse, name in refused if refuse]
+    if named:
+        raise ValueError(
+            f"{given} does not run with {', '.join(named)} yet: a sharded run trains eagerly with one microbatch a "
+            "process, without algorithms, and writes no checkpoint; leave those out, or train unsharded"
+        )
 
 
 def device_mesh(options: FSDP, world_size: int, device_type: str) -> Any:
@@ -158,19 +145,66 @@ def _shares_outside(module: nn.Module, unit: nn.Module) -> bool:
     return any(held.count(i) > within.count(i) for i in inside)
 
 
+_STRUCTURES: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
+"""Each sharded module's structure as it was before sharding, on the meta device (``gathered_module``)."""
+
+
 def shard_module(module: nn.Module, options: FSDP, mesh: Any) -> nn.Module:
     """Shards ``module`` in place over ``mesh`` (see the module docstring) and returns it: ``fully_shard`` on each
-    unit (with activation checkpointing first, when asked), then on the whole."""
+    unit (with activation checkpointing first, when asked), then on the whole. Its structure before sharding is
+    kept, without its tensors, for ``gathered_module``."""
     from torch.distributed._composable import checkpoint
     from torch.distributed.fsdp import fully_shard
 
+    structure = _on_meta(module)
     policy = options.mixed_precision()
     for _, unit in reversed(shard_units(module, options)):  # inner units first
         if options.activation_checkpointing:
             checkpoint(unit)
         fully_shard(unit, mesh=mesh, reshard_after_forward=options.reshard_after_forward, mp_policy=policy)
     fully_shard(module, mesh=mesh, reshard_after_forward=options.reshard_after_forward, mp_policy=policy)
+    _STRUCTURES[module] = structure
     return module
+
+
+def is_sharded(module: nn.Module) -> bool:
+    """Returns whether ``module`` was sharded by ``shard_module``."""
+    return module in _STRUCTURES
+
+
+def gathered_module(module: nn.Module) -> nn.Module:
+    """Returns a new, unsharded module of a ``shard_module``-ed ``module``'s structure holding its whole parameters
+    (gathered from every process: each must call it) and buffers, in eval mode; ties stay ties."""
+    params = {name: _whole(p) for name, p in module.named_parameters()}
+    return module_with(_STRUCTURES[module], params, dict(module.named_buffers()))
+
+
+def _whole(tensor: Tensor) -> Tensor:
+    full = getattr(tensor, "full_tensor", None)
+    return full().detach() if full is not None else tensor.detach()
+
+
+def _on_meta(module: nn.Module) -> nn.Module:
+    # A copy of the module whose tensors are on the meta device, made without copying a tensor's values: each
+    # slot holds a meta tensor (one per tensor, so ties stay ties) while the module is copied.
+    metas: dict[int, Tensor] = {}
+    held: list[tuple[dict[str, Any], str, Tensor]] = []
+    try:
+        for owner in module.modules():
+            tables: tuple[dict[str, Any], ...] = (owner._parameters, owner._buffers)
+            for table in tables:
+                for name, tensor in table.items():
+                    if tensor is None:
+                        continue
+                    if id(tensor) not in metas:
+                        meta = tensor.detach().to("meta")
+                        metas[id(tensor)] = nn.Parameter(meta, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
+                    held.append((table, name, tensor))
+                    table[name] = metas[id(tensor)]
+        return copy.deepcopy(module)
+    finally:
+        for table, name, tensor in held:
+            table[name] = tensor
 
 
 def local_shards(module: nn.Module) -> dict[str, Tensor]:
@@ -188,36 +222,60 @@ def make_sharded_step(
     loss_fn: Callable[[Any, Any], Tensor],
     tx: GradientTransformation,
     *,
-    model_input: Callable[[Any], Any],
-    keywords: bool = False,
+    reduce: Callable[[Sequence[Tensor]], list[Tensor]],
+    processes: int,
+    input_key: int | str | None = 0,
+    count: Callable[[Any], Tensor] | None = None,
     precision: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
-) -> Callable[[State, Any, float], tuple[State, dict[str, Tensor]]]:
-    """Returns the eager step ``(state, batch, share) -> (state, {"loss": loss})`` of a ``shard_module``-ed module.
+) -> StepFn:
+    """Returns the eager step ``(state, batch) -> (state, {"loss": loss})`` of a ``shard_module``-ed module, one of
+    ``processes`` whose sums ``reduce`` takes (``distributed.all_reduce_sum``).
 
-    ``state.params`` are the module's local shards (``local_shards``). The step runs the module on
-    ``model_input(batch)`` (as keyword arguments with ``keywords``) and ``loss_fn`` under ``precision()``, the
-    backward of the loss weighted by ``share`` (this process's share of the global batch, see the module docstring),
-    and ``tx``'s update on the
-    shards of the parameters that got a gradient (as ``torch.optim`` skips a ``.grad`` of None), in place: the
-    module's parameters are updated. The returned loss is this process's.
+    ``state.params`` are the module's local shards (``local_shards``). The step runs the module on the batch's
+    input (``batch[input_key]``; with ``input_key=None`` a mapping batch's items the forward names, as keywords) and
+    ``loss_fn`` under ``precision()``, the model's keyed layers drawing from ``fold_in(state.key, state.step)``. Its
+    loss is weighted by this process's share of what the global batch's loss averages over (``count(batch)``: the
+    default loss's labelled positions; else the samples), and the backward reduces the gradients over the processes:
+    the gradient is the global batch's. Then ``tx``'s update runs in place on the shards of the parameters that got
+    a gradient (as ``torch.optim`` skips a ``.grad`` of None). The loss returned is the global batch's, and
+    BatchNorm's running statistics are the mean of the processes' (a one-process run's microbatches keep theirs).
     """
     parameters = dict(module.named_parameters())
     update = functools.partial(optimize, tx, donate=True)
-    processes = torch.distributed.get_world_size()  # the reduction averages over them all (shards and replicas)
+    accepted = keyword_names(module) if input_key is None else None
+    keyed = forward_key_names(module)
+    statistics = [module.get_buffer(name) for name in norm_statistics(module)]
 
-    def step(state: State, batch: Any, share: float) -> tuple[State, dict[str, Tensor]]:
-        with precision():
-            given = model_input(batch)
-            loss = loss_fn(module(**given) if keywords else module(given), batch)
-        weight = share * processes
-        (loss * weight if weight != 1.0 else loss).backward()
+    def step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
+        stored = {name: module.get_buffer(name) for name in keyed}
+        kept = {name: buffer.clone() for name, buffer in stored.items()}
+        try:
+            for name, key in forward_keys(keyed, R.fold_in(state.key, state.step)).items() if keyed else ():
+                stored[name].copy_(key)
+            given = model_inputs(batch, input_key, accepted)
+            with precision():
+                outputs = module(**given) if input_key is None and isinstance(given, Mapping) else module(given)
+                loss = loss_fn(outputs, batch)
+            share = count(batch) if count is not None else torch.tensor(float(batch_meta(batch, input_key).batch_size))
+            share = share.to(loss.device, torch.float32)
+            sums = reduce([torch.stack([share, loss.detach().float() * share]), *(b.detach() for b in statistics)])
+            total, summed = sums[0]
+            # The reduction averages over the processes: each loss counts by its share times their number.
+            (loss * (share * processes / total)).backward()
+            # BatchNorm's statistics: each process updated them from its batch in the forward (the backward reads
+            # them, and a recomputed forward updates them again); the step keeps their mean, as the one-process
+            # run's microbatches do.
+            for buffer, whole in zip(statistics, sums[1:], strict=True):
+                buffer.copy_(whole / processes)
+        finally:
+            for name, value in kept.items():
+                stored[name].copy_(value)
         grads = {}
         for name, parameter in parameters.items():
             if parameter.grad is not None:
                 grads[name] = _local(parameter.grad)
                 parameter.grad = None
         params, opt = update(grads, state.opt, state.params)
-        return state.replace(params=params, opt=opt, step=state.step + 1), {"loss": loss.detach()}
+        return state.replace(params=params, opt=opt, step=state.step + 1), {"loss": summed / total}
 
     return step
-

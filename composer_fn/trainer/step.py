@@ -583,13 +583,14 @@ def _detach(outputs: Any) -> Any:
 
 
 def make_eval_step(
-    static: Static, plan: Plan, *, input_key: int | str | None = 0, predict: bool = False
+    static: Static, plan: Plan, *, input_key: int | str | None = 0, predict: bool = False, own_tensors: bool = False
 ) -> Callable[[State, Any], Tensor]:
     """Returns the evaluation step ``(state, batch) -> outputs`` running EVAL_BEFORE/AFTER_FORWARD around it
     (with ``predict``, PREDICT_BEFORE/AFTER_FORWARD).
 
     The module's train/eval mode is the caller's (the trainer puts it in eval mode first). The model is called
-    as in ``make_train_step`` (keyword arguments from a mapping batch with ``input_key=None``).
+    as in ``make_train_step`` (keyword arguments from a mapping batch with ``input_key=None``), with the state's
+    tensors; with ``own_tensors`` (a sharded module, whose parameters are the state's) as it is.
     """
     accepted = keyword_names(static.module) if input_key is None else None
     autocast = Precision.of(static.precision, static.device).autocast
@@ -606,7 +607,10 @@ def make_eval_step(
         inputs = model_inputs(ctx.batch, input_key, accepted)
         args, kwargs = ((), dict(inputs)) if input_key is None and isinstance(inputs, Mapping) else ((inputs,), None)
         with torch.no_grad(), autocast():
-            outputs = functional_call(static.module, (dict(state.params), dict(state.buffers)), args, kwargs)
+            if own_tensors:
+                outputs = static.module(*args, **(kwargs or {}))
+            else:
+                outputs = functional_call(static.module, (dict(state.params), dict(state.buffers)), args, kwargs)
         state, ctx = run_event(after, plan, state, ctx.replace(outputs=outputs))
         result: Tensor = ctx.outputs
         return result

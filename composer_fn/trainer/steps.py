@@ -18,6 +18,8 @@ from composer_fn.core.engine import Plan
 from composer_fn.core.state import LossFn, State, Static
 from composer_fn.optim.base import GradientTransformation
 from composer_fn.trainer import distributed
+from composer_fn.trainer.precision import Precision
+from composer_fn.trainer.sharding import is_sharded, make_sharded_step
 from composer_fn.trainer.step import GradMode, StepFn, compile_step, make_eval_step, make_train_step
 
 __all__ = ["StepSpec", "StepBuilder", "StepCache"]
@@ -36,7 +38,8 @@ class StepSpec:
     an eager step may update the state's tensors in place; ``guard_failures`` whether a step that runs out of
     memory on one process tells the others; ``norms`` whether it reports the gradients' norms; ``reseed`` whether
     the model's own draws are reseeded per microbatch (eager; a compiled graph draws its seeds once); ``compile``
-    the ``torch.compile`` backend or None.
+    the ``torch.compile`` backend or None; ``sharded`` whether the module is sharded over the processes
+    (``composer_fn.trainer.sharding``: its step is torch's backward through ``fully_shard``'s hooks).
 
     Where the run computes its gradients by ``torch.func`` (``grad_mode='func'``), the parameters its loss never
     reaches are found when the step is built, on the batch at hand (``StepCache.train_step``'s ``unused``), and
@@ -56,6 +59,7 @@ class StepSpec:
     guard_failures: bool = False
     norms: bool = False
     reseed: bool = False
+    sharded: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,17 @@ class StepBuilder:
         ``backend`` when the spec has a ``compile`` backend. ``unused`` names the parameters the loss does not reach
         (a ``func``-mode step cannot tell them from ones with a zero gradient): they are left as frozen ones are."""
         summed = spec.processes > 1
+        if spec.sharded:
+            return make_sharded_step(
+                spec.static.module,
+                self.loss_fn,
+                self.tx,
+                reduce=distributed.all_reduce_sum,
+                processes=spec.processes,
+                input_key=self.input_key,
+                count=self.loss_units,
+                precision=Precision.of(spec.static.precision, spec.static.device).autocast,
+            )
         step = make_train_step(
             spec.static,
             plan,
@@ -142,7 +157,9 @@ class StepCache:
         key = (static, plan.step_key, predict, compile)
         step = self._eval.get(key)
         if step is None:
-            step = make_eval_step(static, plan, input_key=self.builder.input_key, predict=predict)
+            step = make_eval_step(
+                static, plan, input_key=self.builder.input_key, predict=predict, own_tensors=is_sharded(static.module)
+            )
             if compile is not None:
                 step = compile_step(step, self._counting(compile))
             self._eval[key] = step

@@ -81,6 +81,7 @@ from composer_fn.trainer.options import (
 from composer_fn.trainer.prediction import check_predict_loader, predictions
 from composer_fn.trainer.randomness import ModelDraws, cut_draws_warning, draws_nothing
 from composer_fn.trainer.reporting import Reporter, hparams_record, schedule_table
+from composer_fn.trainer.sharding import gathered_module, is_sharded
 from composer_fn.trainer.step import (
     StepFn,
     unused_parameters,
@@ -263,6 +264,7 @@ class Trainer(RunAttributes):
             norms=self._step_norms,
             # A compiled graph draws its seeds once, at its start.
             reseed=not self.compile,
+            sharded=self.run.options.execution.parallelism is not None,
         )
 
     def _train_step(self, plan: Plan, frozen: frozenset[str] = frozenset()) -> StepFn:
@@ -655,6 +657,7 @@ class Trainer(RunAttributes):
             default_loss=self.run.losses.default,
             reduce=distributed.all_reduce_sum if summed else None,
             gather=self.world.gather if summed else None,
+            collective=is_sharded(self.static.module),
         )
 
     def eval(self) -> dict[str, float]:
@@ -738,7 +741,9 @@ class Trainer(RunAttributes):
         Its outputs are the evaluation's (``eval()``) on the same inputs; it runs in its weights' precision, so
         under ``bf16-mixed`` or ``fp16-mixed`` call it inside ``torch.autocast`` to match an evaluation exactly. Each
         call builds a new module from the current state; the trainer and the ``model`` it was given are left as
-        they are.
+        they are. A sharded run (``FSDP``) gathers the whole weights from every process: each must call it.
         """
+        if is_sharded(self.static.module):  # gathered from every process: each calls it
+            return gathered_module(self.static.module)
         state = evaluation_state(self.algorithms, self.static, self.state, self.timestamp, self.passes)
         return module_with(self.static.module, state.params, state.buffers)

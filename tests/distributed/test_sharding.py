@@ -14,7 +14,13 @@ import torch.nn.functional as F
 import torchvision
 from torch import Tensor, nn
 
+from composer_fn.core.random import key
+from composer_fn.data import TensorLoader, synthetic_images
+from composer_fn.models.cnn import SmallCNN
 from composer_fn.optim import adamw, sgd
+from composer_fn.trainer import FSDP as PublicFSDP
+from composer_fn.trainer import Trainer
+from composer_fn.trainer.distributed import all_reduce_sum
 from composer_fn.trainer.sharding import (
     FSDP,
     device_mesh,
@@ -75,6 +81,7 @@ def _lm_input(batch: tuple[Tensor, ...]) -> dict[str, Tensor]:
 
 
 def _lm_loss(outputs: Any, batch: Any) -> Tensor:
+    # The model's own loss: the mean over this process's tokens (equal counts on every process here).
     return outputs.loss
 
 
@@ -127,10 +134,16 @@ def _ours(case: str, optimizer: str, rank: int, options: FSDP) -> tuple[dict[str
     state = State(params=params, buffers={}, opt=tx.init(params), algos={}, hparams={}, step=torch.zeros((), dtype=torch.int64), key=key(0))
     keywords = CASES[case][2]
     step = make_sharded_step(
-        model, _loss(case), tx, model_input=_lm_input if keywords else (lambda b: b[0]), keywords=keywords
+        model,
+        _lm_loss if keywords else _image_loss,
+        tx,
+        reduce=all_reduce_sum,
+        processes=WORLD,
+        input_key=None if keywords else 0,
     )
     for index in range(STEPS):
-        state, _ = step(state, _share(CASES[case][1](index), rank), 1.0 / WORLD)
+        batch = _share(CASES[case][1](index), rank)
+        state, _ = step(state, _lm_input(batch) if keywords else batch)
     facts = {
         "units": units,
         "tied": tied,
@@ -176,9 +189,55 @@ def _one_process(case: str, optimizer: str) -> dict[str, Tensor]:
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
+DATA = synthetic_images(key(1), 76, num_classes=4, shape=(1, 8, 8))
+HELD_OUT = synthetic_images(key(2), 37, num_classes=4, shape=(1, 8, 8))
+
+
+def _cnn_trainer(rank: int, world: int, **arguments: Any) -> Trainer:
+    # 76 samples in global batches of 16: each epoch's fifth batch is 12, 8 on rank 0 and 4 on rank 1.
+    loader = TensorLoader(DATA, 8 if world > 1 else 16, seed=5, rank=rank, world_size=world)
+    return Trainer(
+        SmallCNN(1, 4, width=4),
+        loader,
+        TensorLoader(HELD_OUT, 8, shuffle=False, rank=rank, world_size=world),
+        max_duration="12ba",
+        optimizer=sgd(0.1, momentum=0.9),
+        progress_bar=False,
+        eval_interval="6ba",
+        seed=3,
+        **arguments,
+    )
+
+
+def _lm_trainer(rank: int, world: int, **arguments: Any) -> Trainer:
+    from composer_fn.testing.models import tiny_gpt2, token_batches
+
+    # Right-padded rows: the processes hold other numbers of labelled tokens.
+    batches = token_batches(4, batch_size=4, length=16, seed=3)
+    if world > 1:
+        batches = [{name: item[rank * 2 : (rank + 1) * 2] for name, item in batch.items()} for batch in batches]
+    return Trainer(tiny_gpt2(), batches, max_duration="4ba", optimizer=sgd(0.1, momentum=0.9), progress_bar=False, seed=2, **arguments)
+
+
+def _trained(trainer: Trainer) -> dict[str, Any]:
+    trainer.fit()
+    model = trainer.model
+    return {
+        "params": {name: p.detach().clone() for name, p in model.named_parameters()},
+        "buffers": {name: b.detach().clone() for name, b in model.named_buffers() if b.is_floating_point()},
+        "metrics": dict(trainer.metrics),
+        "tied": getattr(model, "lm_head", None) is not None and model.lm_head.weight is model.get_input_embeddings().weight,
+    }
+
+
 def _ranks(rank: int) -> dict[str, Any]:
     torch.distributed.init_process_group("gloo")
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {"cnn-trainer": _trained(_cnn_trainer(rank, WORLD, parallelism=PublicFSDP()))}
+    results["lm-trainer"] = _trained(_lm_trainer(rank, WORLD, parallelism=PublicFSDP()))
+    try:
+        _cnn_trainer(rank, WORLD, parallelism=PublicFSDP(), save_folder="unwritten")
+    except ValueError as error:
+        results["refused"] = str(error)
     for case, optimizer in RUNS:
         ours, facts = _ours(case, optimizer, rank, FSDP())
         again, _ = _ours(case, optimizer, rank, FSDP())
@@ -262,3 +321,35 @@ def test_bad_options_are_refused_naming_the_field(options: dict[str, Any], messa
 def test_a_replica_count_that_does_not_divide_the_processes_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="FSDP.replicate=3 must divide the number of processes, 4"):
         device_mesh(FSDP(replicate=3), 4, "cpu")
+
+
+@pytest.mark.parametrize(
+    ("case", "reference"),
+    [
+        ("cnn-trainer", lambda: _cnn_trainer(0, 1, device_train_microbatch_size=8)),
+        ("lm-trainer", lambda: _lm_trainer(0, 1)),
+    ],
+)
+def test_a_sharded_trainer_ends_where_one_process_ends(ranks: list[dict[str, Any]], case: str, reference: Any) -> None:
+    # One process with the processes' batches as microbatches: BatchNorm normalises by each piece.
+    expected = _trained(reference())
+    for rank in ranks:
+        got = rank[case]
+        for kind in ("params", "buffers"):
+            assert got[kind].keys() == expected[kind].keys()
+            for name, value in expected[kind].items():
+                torch.testing.assert_close(got[kind][name], value, rtol=1e-5, atol=1e-6)
+        assert got["tied"] == expected["tied"]
+        for metric, value in expected["metrics"].items():
+            if metric != "wall_time" and isinstance(value, float) and "per_second" not in metric:
+                assert got["metrics"][metric] == pytest.approx(value, rel=1e-5, abs=1e-6), metric
+    assert ranks[0]["lm-trainer"]["tied"]
+
+
+def test_a_sharded_trainer_refuses_what_it_does_not_do_yet(ranks: list[dict[str, Any]]) -> None:
+    assert "Execution.parallelism=FSDP(" in ranks[0]["refused"] and "Checkpointing.folder='unwritten'" in ranks[0]["refused"]
+
+
+def test_a_sharded_trainer_needs_a_process_group() -> None:
+    with pytest.raises(ValueError, match="shards over the processes of a process group: launch with torchrun"):
+        _cnn_trainer(0, 1, parallelism=PublicFSDP())
