@@ -14,6 +14,11 @@ ignoring names.
 In a save folder, checkpoints are named ``ep{epoch}-ba{batch}.pt``: ``newest_checkpoint`` finds the latest
 complete one (temporary files of an interrupted write are never taken), ``prune_checkpoints`` keeps the newest
 few, and ``remove_stale_temporaries`` deletes what a killed writer left behind.
+
+A sharded run (``FSDP``) saves folders, ``ep{epoch}-ba{batch}``, each process writing its own shards
+(``sharded_files``), under a temporary name until the whole is written: a folder of that name is complete, and the
+newest of files and folders is the one a run resumes from. ``save_sharded_to_folder`` writes one,
+``load_sharded_checkpoint`` reads one into a run of any number of processes.
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ import fnmatch
 import os
 import pickle
 import re
+import shutil
 import tempfile
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +45,7 @@ from composer_fn.core.state import State
 from composer_fn.core.time import Timestamp
 from composer_fn.optim.base import in_layout_of
 from composer_fn.trainer.checks import first_line
+from composer_fn.trainer.sharded_files import is_sharded_checkpoint, read_info, write_info
 
 __all__ = [
     "save_checkpoint",
@@ -60,6 +67,8 @@ __all__ = [
     "read_checkpoint",
     "unflatten_tree",
     "checkpoint_metadata",
+    "save_sharded_to_folder",
+    "load_sharded_checkpoint",
 ]
 
 FORMAT_VERSION = 1
@@ -80,12 +89,13 @@ def _leaves(tree: Any) -> list[Any]:
     return list(pytree.tree_leaves(tree))
 
 
-def checkpoint_name(timestamp: Timestamp) -> str:
-    """Returns the file name of the checkpoint at ``timestamp`` in a save folder: ``ep{epoch}-ba{batch}.pt``."""
-    return f"ep{timestamp.epoch}-ba{timestamp.batch}.pt"
+def checkpoint_name(timestamp: Timestamp, *, sharded: bool = False) -> str:
+    """Returns the name of the checkpoint at ``timestamp`` in a save folder: the file ``ep{epoch}-ba{batch}.pt``, or
+    with ``sharded`` the folder ``ep{epoch}-ba{batch}``."""
+    return f"ep{timestamp.epoch}-ba{timestamp.batch}" + ("" if sharded else ".pt")
 
 
-_NAME = re.compile(r"ep(\d+)-ba(\d+)\.pt")
+_NAME = re.compile(r"ep(\d+)-ba(\d+)(\.pt)?")
 _TEMPORARY = re.compile(r"\..+\.tmp")
 
 
@@ -161,7 +171,9 @@ def _numbered(folder: Path) -> list[tuple[int, Path]]:
     found = []
     for path in folder.iterdir() if folder.is_dir() else ():
         match = _NAME.fullmatch(path.name)
-        if match is not None and path.is_file() and not path.is_symlink():
+        if match is None or path.is_symlink():
+            continue
+        if path.is_file() if match.group(3) else is_sharded_checkpoint(path):
             found.append((int(match.group(2)), path))
     return sorted(found)
 
@@ -177,7 +189,10 @@ def prune_checkpoints(folder: str | os.PathLike[str], keep: int) -> list[Path]:
     numbered = _numbered(Path(folder))
     removed = [path for _, path in numbered[: max(len(numbered) - keep, 0)]] if keep >= 0 else []
     for path in removed:
-        path.unlink(missing_ok=True)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
     return removed
 
 
@@ -186,9 +201,12 @@ def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
 
     Only for a folder no other writer is using: a temporary file is a write in progress until it is renamed.
     """
-    stale = [path for path in Path(folder).glob(".*.tmp") if _TEMPORARY.fullmatch(path.name) and path.is_file()]
+    stale = [path for path in Path(folder).glob(".*.tmp") if _TEMPORARY.fullmatch(path.name) and not path.is_symlink()]
     for path in stale:
-        path.unlink(missing_ok=True)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
     return stale
 
 
@@ -303,15 +321,21 @@ def read_checkpoint(
     return payload
 
 
+def _facts(path: str | os.PathLike[str], argument: str) -> dict[str, Any]:
+    # What a checkpoint says of its run: a sharded folder's facts, else the file's payload.
+    return read_info(Path(path)) if is_sharded_checkpoint(path) else read_checkpoint(path, "cpu", argument=argument)
+
+
 def checkpoint_metadata(path: str | os.PathLike[str], *, argument: str = "checkpoint") -> dict[str, Any]:
-    """Returns the metadata stored with the checkpoint at ``path`` (empty if none was)."""
-    metadata: dict[str, Any] = read_checkpoint(path, "cpu", argument=argument).get("metadata") or {}
+    """Returns the metadata stored with the checkpoint at ``path`` (a file or a sharded folder; empty if none was)."""
+    metadata: dict[str, Any] = _facts(path, argument).get("metadata") or {}
     return metadata
 
 
 def checkpoint_algorithms(path: str | os.PathLike[str], *, argument: str = "load_path") -> str:
-    """Returns the JSON configs of the algorithms the checkpoint at ``path`` was trained with."""
-    algorithms: str = read_checkpoint(path, "cpu", argument=argument)["algorithms"]
+    """Returns the JSON configs of the algorithms the checkpoint at ``path`` (a file or a sharded folder) was
+    trained with."""
+    algorithms: str = _facts(path, argument)["algorithms"]
     return algorithms
 
 
@@ -512,6 +536,8 @@ def resume_run(
     argument: str = "load_path",
     max_duration: str = "",
     max_steps: int | None = None,
+    read_shards: ShardReader | None = None,
+    sharded: bool = False,
 ) -> tuple[State, Timestamp]:
     """Returns the state and timestamp a run starts from at ``path``: the whole run, or with ``weights_only`` its
     parameters and buffers in ``state`` at ``timestamp`` (``load_weights`` with ``strict`` and ``ignore_keys``).
@@ -519,12 +545,33 @@ def resume_run(
     ``state`` is the run's template (its structure and devices), ``algorithms`` its configs (``algorithms_to_json``). A whole run
     saved with another length (``timestamp.max_duration``; ``max_duration`` says it as the user wrote it) warns
     that the schedule's length changed; one already at ``max_steps`` warns that nothing will be trained.
-    ``argument`` names where the path came from in errors and warnings.
+    ``argument`` names where the path came from in errors and warnings. A sharded checkpoint (a folder) is read by
+    ``read_shards`` (see ``load_sharded_checkpoint``); a ``sharded`` run resumes from a sharded checkpoint only.
     """
-    if weights_only:
+    if is_sharded_checkpoint(path):
+        if read_shards is None:
+            raise ValueError(f"{argument}={str(path)!r} is a sharded checkpoint, which this caller cannot read")
+        if weights_only and (not strict or ignore_keys):
+            raise ValueError(
+                f"{argument}={str(path)!r} is a sharded checkpoint: its weights load whole (load_strict_model_weights="
+                "True, no load_ignore_keys)"
+            )
+        checkpoint = load_sharded_checkpoint(
+            path, state, read_shards, algorithms=None if weights_only else algorithms, weights_only=weights_only,
+            argument=argument,
+        )  # fmt: skip
+        if weights_only:
+            return checkpoint.state, timestamp
+    elif sharded:
+        raise ValueError(
+            f"{argument}={str(path)!r} is a checkpoint file; a sharded run (FSDP) resumes from a sharded checkpoint, "
+            "the folder a sharded run saves"
+        )
+    elif weights_only:
         weights = load_weights(path, state, device=device, strict=strict, ignore_keys=ignore_keys, argument=argument)
         return weights, timestamp
-    checkpoint = load_checkpoint(path, state, device=device, algorithms=algorithms, argument=argument)
+    else:
+        checkpoint = load_checkpoint(path, state, device=device, algorithms=algorithms, argument=argument)
     length = timestamp.max_duration
     if checkpoint.max_duration is not None and length is not None and checkpoint.max_duration != str(length):
         warnings.warn(
@@ -541,3 +588,92 @@ def resume_run(
             stacklevel=4,
         )
     return checkpoint.state, resumed
+
+
+ShardReader = Callable[[Path, State, bool], State]
+"""Reads a sharded checkpoint's folder into a run: ``(folder, template state, weights_only) -> state``."""
+
+
+def save_sharded_to_folder(
+    folder: Path,
+    state: State,
+    timestamp: Timestamp,
+    algorithms: str,
+    *,
+    write: Callable[[Path], None],
+    main: bool,
+    barrier: Callable[[], None],
+    weights_only: bool = False,
+    metadata: dict[str, Any] | None = None,
+    keep: int = -1,
+    name: str | None = None,
+) -> Path:
+    """Returns the sharded checkpoint written into ``folder`` (``checkpoint_name(timestamp, sharded=True)``): every
+    process calls it, and ``write(path)`` writes its shards (``sharded_files.write_shards``) into a temporary folder,
+    which the main process (``main``) completes with the run's facts and renames; then it points ``latest`` at it and
+    keeps the newest ``keep`` checkpoints (-1: all). A folder of the checkpoint's name is always complete; a write
+    killed midway leaves a temporary one, which ``remove_stale_temporaries`` deletes. With ``name``, the folder
+    has that name, and neither ``latest`` nor the other checkpoints change."""
+    own_name = name is not None
+    name = name if name is not None else checkpoint_name(timestamp, sharded=True)
+    temporary, final = folder / f".{name}.tmp", folder / name
+    if main:
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(temporary, ignore_errors=True)
+    barrier()
+    write(temporary)
+    if main:
+        info = {
+            "format": FORMAT_VERSION,
+            "weights_only": weights_only,
+            "timestamp": timestamp.to_dict(),
+            "max_duration": None if timestamp.max_duration is None else str(timestamp.max_duration),
+            "algorithms": algorithms,
+            "algos_names": sorted(state.algos),
+            "metadata": dict(metadata or {}),
+        }
+        write_info(temporary, info)
+        sync_folder(temporary)
+        if final.exists():  # saved at this batch before: the new one replaces it
+            shutil.rmtree(final)
+        os.replace(temporary, final)
+        sync_folder(folder)
+    if main and not own_name:
+        link = folder / ".latest.tmp"
+        link.unlink(missing_ok=True)
+        link.symlink_to(name)
+        link.replace(folder / "latest")
+        prune_checkpoints(folder, keep)
+    barrier()
+    return final
+
+
+def load_sharded_checkpoint(
+    path: str | os.PathLike[str],
+    template: State,
+    read: ShardReader,
+    *,
+    algorithms: str | None = None,
+    weights_only: bool = False,
+    argument: str = "load_path",
+) -> Checkpoint:
+    """Returns the sharded checkpoint in the folder ``path``, read by ``read`` into ``template``'s structure (a run
+    of any number of processes: the shards are regrouped for it). With ``algorithms`` (JSON configs), a checkpoint
+    trained with other algorithms is refused first; without ``weights_only``, one that holds weights only."""
+    folder = Path(path)
+    info = read_info(folder)
+    if info.get("format") != FORMAT_VERSION:
+        raise ValueError(f"{argument}={str(path)!r} is not a checkpoint of format {FORMAT_VERSION}")
+    if info["weights_only"] and not weights_only:
+        raise ValueError(
+            f"{argument}={str(path)!r} holds weights only (saved with save_weights_only=True), not a run to resume: "
+            "pass load_weights_only=True to start a run from its weights"
+        )
+    if algorithms is not None and info["algorithms"] != algorithms:
+        raise ValueError(f"{argument}={str(path)!r} was trained with algorithms {info['algorithms']}; this trainer has {algorithms}")
+    if not weights_only and info["algos_names"] != sorted(template.algos):
+        raise ValueError(
+            f"checkpoint holds state for algorithms {info['algos_names']}; this trainer has {sorted(template.algos)}"
+        )
+    state = read(folder, template, weights_only)
+    return Checkpoint(state, Timestamp.from_dict(info["timestamp"]), info["algorithms"], info.get("max_duration"))

@@ -23,9 +23,11 @@ import copy
 import functools
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import Tensor, nn
 
 from composer_fn.core import random as R
@@ -37,6 +39,7 @@ from composer_fn.trainer.microbatch import norm_statistics
 from composer_fn.trainer.model import module_with
 from composer_fn.trainer.options import FSDP, Options
 from composer_fn.trainer.outputs import keyword_names, model_inputs
+from composer_fn.trainer.sharded_files import read_shards
 from composer_fn.trainer.step import StepFn, optimize
 
 __all__ = [
@@ -49,12 +52,16 @@ __all__ = [
     "is_sharded",
     "gathered_module",
     "make_sharded_step",
+    "shards_tree",
+    "reading_tree",
+    "loaded_state",
+    "read_sharded_state",
 ]
 
 def check_sharded_run(options: Options, algorithms: Sequence[Algorithm], grouped: bool) -> None:
     """Raises ValueError, naming the option, for what a sharded run (``options.execution.parallelism``) does not do
     yet: no process group (``grouped``), algorithms, microbatches, a compiled or ``func``-mode step, fp16 loss
-    scaling, checkpoints."""
+    scaling."""
     execution = options.execution
     given = f"Execution.parallelism={execution.parallelism!r}"
     if not grouped:
@@ -68,14 +75,12 @@ def check_sharded_run(options: Options, algorithms: Sequence[Algorithm], grouped
         (execution.compile is not None, f"Execution.compile={execution.compile!r}"),
         (execution.grad_mode == "func", "Execution.grad_mode='func'"),
         (execution.precision == "fp16-mixed", "Execution.precision='fp16-mixed'"),
-        (options.checkpointing.folder is not None, f"Checkpointing.folder={str(options.checkpointing.folder)!r}"),
-        (options.resume.path is not None or options.resume.autoresume, "Resume (load_path, autoresume)"),
     ]
     named = [name for refuse, name in refused if refuse]
     if named:
         raise ValueError(
             f"{given} does not run with {', '.join(named)} yet: a sharded run trains eagerly with one microbatch a "
-            "process, without algorithms, and writes no checkpoint; leave those out, or train unsharded"
+            "process, without algorithms; leave those out, or train unsharded"
         )
 
 
@@ -279,3 +284,92 @@ def make_sharded_step(
         return state.replace(params=params, opt=opt, step=state.step + 1), {"loss": summed / total}
 
     return step
+
+
+def shards_tree(state: State, module: nn.Module | None, *, weights_only: bool = False) -> dict[str, Any]:
+    """Returns ``state``'s tensors as the tree a sharded checkpoint holds (``sharded_files``): the parameters and
+    the optimizer's tensors that are a parameter's shard as DTensors of a ``shard_module``-ed ``module``'s layout
+    (each process holding its shards), every other tensor as it is; with ``weights_only``, the parameters and
+    buffers alone. A run that is not sharded (``module`` None or unsharded) gives its whole tensors."""
+    layouts: dict[str, Any] = dict(module.named_parameters()) if module is not None and is_sharded(module) else {}
+
+    def laid_out(name: str | None, local: Any) -> Any:
+        whole = layouts.get(name) if name is not None else None
+        if whole is None or not isinstance(local, Tensor):
+            return local
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(
+            local, whole.device_mesh, whole.placements, run_check=False, shape=whole.shape, stride=whole.stride()
+        )
+
+    tree: dict[str, Any] = {
+        "params": {name: laid_out(name, tensor) for name, tensor in state.params.items()},
+        "buffers": dict(state.buffers),
+    }
+    if not weights_only:
+        paths, _ = pytree.tree_flatten_with_path(state.opt)
+        tree["opt"] = {str(i): laid_out(_parameter_of(path, leaf, state.params), leaf) for i, (path, leaf) in enumerate(paths)}
+        tree["algos"] = {str(i): leaf for i, leaf in enumerate(pytree.tree_leaves(state.algos))}
+        tree["hparams"] = dict(state.hparams)
+        tree["step"] = state.step
+        tree["key"] = state.key
+    return tree
+
+
+def _parameter_of(path: Sequence[Any], leaf: Any, params: Mapping[str, Tensor]) -> str | None:
+    # The parameter whose shard an optimizer tensor is: keyed by its name on the way to it, and of its shape.
+    for entry in path:
+        name = getattr(entry, "key", None)
+        if isinstance(name, str) and name in params and isinstance(leaf, Tensor) and leaf.dim():
+            return name if leaf.shape == params[name].shape else None
+    return None
+
+
+def loaded_state(tree: dict[str, Any], template: State, *, weights_only: bool = False) -> State:
+    """Returns the state a tree read from a sharded checkpoint holds, on ``template``'s structure: the tensors read
+    (a DTensor's local shard), and, unless ``weights_only``, the optimizer's and algorithms' states rebuilt on
+    the template's."""
+
+    def local(value: Any) -> Any:
+        return _local(value) if isinstance(value, Tensor) else value
+
+    params = {name: local(value) for name, value in tree["params"].items()}
+    buffers = {name: local(value) for name, value in tree["buffers"].items()}
+    if weights_only:
+        return template.replace(params=params, buffers=buffers)
+    _, opt_spec = pytree.tree_flatten(template.opt)
+    _, algos_spec = pytree.tree_flatten(template.algos)
+    return template.replace(
+        params=params,
+        buffers=buffers,
+        opt=pytree.tree_unflatten([local(tree["opt"][str(i)]) for i in range(len(tree["opt"]))], opt_spec),
+        algos=pytree.tree_unflatten([tree["algos"][str(i)] for i in range(len(tree["algos"]))], algos_spec),
+        hparams=dict(tree["hparams"]),
+        step=tree["step"],
+        key=tree["key"],
+    )
+
+
+def reading_tree(template: State, module: nn.Module | None, *, weights_only: bool = False) -> dict[str, Any]:
+    """Returns the tree a sharded checkpoint is read into for a run whose state is ``template``: a sharded run's
+    tensors are read into its own (the module's parameters and buffers among them), in place; an unsharded run's
+    into new ones of the template's shapes, dtypes and devices."""
+    sharded = module is not None and is_sharded(module)
+
+    def target(value: Any) -> Any:
+        return torch.empty_like(value) if isinstance(value, Tensor) and not sharded else value
+
+    tree = shards_tree(template, module, weights_only=weights_only)
+    return {
+        kind: {name: target(value) for name, value in entries.items()} if isinstance(entries, dict) else target(entries)
+        for kind, entries in tree.items()
+    }
+
+
+def read_sharded_state(folder: Path, template: State, weights_only: bool, *, module: nn.Module | None, grouped: bool) -> State:
+    """Returns the state of the sharded checkpoint in ``folder`` read into a run whose state is ``template`` and whose
+    module is ``module`` (``reading_tree``): with ``grouped``, every process of the group reads its part together."""
+    tree = reading_tree(template, module, weights_only=weights_only)
+    read_shards(folder, tree, grouped)
+    return loaded_state(tree, template, weights_only=weights_only)

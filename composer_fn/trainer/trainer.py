@@ -54,6 +54,7 @@ from composer_fn.trainer.checkpoint import (
     prepare_folder,
     resume_run,
     save_checkpoint,
+    save_sharded_to_folder,
     save_to_folder,
 )
 from composer_fn.trainer.checks import check_algorithms_read
@@ -81,7 +82,8 @@ from composer_fn.trainer.options import (
 from composer_fn.trainer.prediction import check_predict_loader, predictions
 from composer_fn.trainer.randomness import ModelDraws, cut_draws_warning, draws_nothing
 from composer_fn.trainer.reporting import Reporter, hparams_record, schedule_table
-from composer_fn.trainer.sharding import gathered_module, is_sharded
+from composer_fn.trainer.sharded_files import write_shards
+from composer_fn.trainer.sharding import gathered_module, is_sharded, read_sharded_state, shards_tree
 from composer_fn.trainer.step import (
     StepFn,
     unused_parameters,
@@ -692,6 +694,22 @@ class Trainer(RunAttributes):
 
     def _save(self) -> None:
         assert self.save_folder is not None
+        if is_sharded(self.static.module):  # every process writes its shards
+            options = self.options.checkpointing
+            path = save_sharded_to_folder(
+                self.save_folder,
+                self.state,
+                self.timestamp,
+                algorithms_to_json(self.algorithms),
+                write=self._shard_writer(options.weights_only),
+                main=self.world.main,
+                barrier=self.world.barrier,
+                weights_only=options.weights_only,
+                metadata=dict(options.metadata or {}),
+                keep=options.keep,
+            )
+            self._reporter.log({"kind": "checkpoint", "step": self.timestamp.batch, "path": str(path)})
+            return
         if self.world.main:
             options = self.options.checkpointing
             path = save_to_folder(
@@ -721,12 +739,33 @@ class Trainer(RunAttributes):
             argument=self.run.load_argument,
             max_duration=str(self.max_duration),
             max_steps=self.max_steps,
+            read_shards=functools.partial(read_sharded_state, module=self.static.module, grouped=distributed.grouped()),
+            sharded=is_sharded(self.static.module),
         )
         self._host_event(Event.AFTER_LOAD)
 
+    def _shard_writer(self, weights_only: bool = False) -> Callable[[Path], None]:
+        # What a sharded checkpoint holds of the run: its state, the parameters as shards of the module's layout.
+        tree = shards_tree(self.state, self.static.module, weights_only=weights_only)
+        return functools.partial(write_shards, tree=tree)
+
     def save_checkpoint(self, path: str | Path) -> Path:
         """Returns the path written: the current state and timestamp, saved atomically (by rank 0, while the
-        other processes wait; every process calls it)."""
+        other processes wait; every process calls it). A sharded run writes a sharded checkpoint, the folder ``path``,
+        each process its shards."""
+        if is_sharded(self.static.module):
+            folder = Path(path)
+            return save_sharded_to_folder(
+                folder.parent,
+                self.state,
+                self.timestamp,
+                algorithms_to_json(self.algorithms),
+                write=self._shard_writer(),
+                main=self.world.main,
+                barrier=self.world.barrier,
+                metadata=dict(self.options.checkpointing.metadata or {}),
+                name=folder.name,
+            )
         if self.world.main:
             metadata = dict(self.options.checkpointing.metadata or {})
             save_checkpoint(path, self.state, self.timestamp, algorithms_to_json(self.algorithms), metadata=metadata)

@@ -216,7 +216,8 @@ def _lm_trainer(rank: int, world: int, **arguments: Any) -> Trainer:
     batches = token_batches(4, batch_size=4, length=16, seed=3)
     if world > 1:
         batches = [{name: item[rank * 2 : (rank + 1) * 2] for name, item in batch.items()} for batch in batches]
-    return Trainer(tiny_gpt2(), batches, max_duration="4ba", optimizer=sgd(0.1, momentum=0.9), progress_bar=False, seed=2, **arguments)
+    arguments = {"max_duration": "4ba", **arguments}
+    return Trainer(tiny_gpt2(), batches, optimizer=sgd(0.1, momentum=0.9), progress_bar=False, seed=2, **arguments)
 
 
 def _trained(trainer: Trainer) -> dict[str, Any]:
@@ -230,14 +231,26 @@ def _trained(trainer: Trainer) -> dict[str, Any]:
     }
 
 
-def _ranks(rank: int) -> dict[str, Any]:
+def _ranks(rank: int, root: str) -> dict[str, Any]:
     torch.distributed.init_process_group("gloo")
     results: dict[str, Any] = {"cnn-trainer": _trained(_cnn_trainer(rank, WORLD, parallelism=PublicFSDP()))}
     results["lm-trainer"] = _trained(_lm_trainer(rank, WORLD, parallelism=PublicFSDP()))
     try:
-        _cnn_trainer(rank, WORLD, parallelism=PublicFSDP(), save_folder="unwritten")
+        _cnn_trainer(rank, WORLD, parallelism=PublicFSDP(), device_train_microbatch_size=4)
     except ValueError as error:
         results["refused"] = str(error)
+    # Checkpoints: every process writes its shards of the run at batches 2 and 4; a run resumed from batch 2, at two
+    # processes here and at one in the test, continues as the uninterrupted one.
+    folder = Path(root) / "sharded"
+    saved = _lm_trainer(rank, WORLD, parallelism=PublicFSDP(), save_folder=str(folder), save_interval="2ba")
+    results["saved"] = _trained(saved)
+    results["folder"] = sorted(path.name for path in folder.iterdir())
+    middle = next(folder.glob("*-ba2"))
+    resumed = _lm_trainer(rank, WORLD, parallelism=PublicFSDP(), load_path=str(middle))
+    results["resumed_start"] = (resumed.timestamp.batch, {n: p.detach().clone() for n, p in resumed.model.named_parameters()})
+    results["resumed"] = _trained(resumed)
+    results["resumed_at"] = middle.name
+    results["middle"] = str(middle)
     for case, optimizer in RUNS:
         ours, facts = _ours(case, optimizer, rank, FSDP())
         again, _ = _ours(case, optimizer, rank, FSDP())
@@ -249,7 +262,8 @@ def _ranks(rank: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    return run_ranks(_ranks, WORLD, tmp_path_factory.mktemp("sharding"))
+    root = tmp_path_factory.mktemp("sharding")
+    return run_ranks(_ranks, WORLD, root, str(root))
 
 
 @pytest.mark.parametrize(("case", "optimizer"), RUNS)
@@ -347,9 +361,37 @@ def test_a_sharded_trainer_ends_where_one_process_ends(ranks: list[dict[str, Any
 
 
 def test_a_sharded_trainer_refuses_what_it_does_not_do_yet(ranks: list[dict[str, Any]]) -> None:
-    assert "Execution.parallelism=FSDP(" in ranks[0]["refused"] and "Checkpointing.folder='unwritten'" in ranks[0]["refused"]
+    assert "Execution.parallelism=FSDP(" in ranks[0]["refused"] and "Execution.microbatch_size=4" in ranks[0]["refused"]
 
 
 def test_a_sharded_trainer_needs_a_process_group() -> None:
     with pytest.raises(ValueError, match="shards over the processes of a process group: launch with torchrun"):
         _cnn_trainer(0, 1, parallelism=PublicFSDP())
+
+
+def test_a_sharded_checkpoint_is_a_folder_of_every_process_s_shards_and_resumes_the_run(ranks: list[dict[str, Any]]) -> None:
+    names = ranks[0]["folder"]
+    assert [n for n in names if n.endswith("-ba2") or n.endswith("-ba4")] == sorted(n for n in names if "-ba" in n)
+    assert len([n for n in names if "-ba" in n]) == 2 and "latest" in names and not any(n.endswith(".tmp") for n in names)
+    middle = Path(ranks[0]["middle"])
+    assert (middle / ".metadata").is_file() and len(list(middle.glob("*.distcp"))) == WORLD
+    for rank in ranks:
+        for name, value in rank["saved"]["params"].items():
+            assert torch.equal(rank["resumed"]["params"][name], value), name  # bitwise: the same arithmetic
+        assert rank["resumed"]["tied"]
+
+
+def test_one_process_resumes_a_two_process_sharded_checkpoint(ranks: list[dict[str, Any]]) -> None:
+    expected = _trained(_lm_trainer(0, 1))
+    two_steps = _trained(_lm_trainer(0, 1, max_duration="2ba"))
+    for rank in ranks:  # the sharded run resumed at batch 2 with the weights of batch 2
+        batch, weights = rank["resumed_start"]
+        assert batch == 2
+        for name, value in two_steps["params"].items():
+            torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6)
+    trainer = _lm_trainer(0, 1, load_path=ranks[0]["middle"])
+    assert trainer.timestamp.batch == 2
+    resumed = _trained(trainer)
+    for name, value in expected["params"].items():
+        torch.testing.assert_close(resumed["params"][name], value, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(ranks[0]["saved"]["params"][name], value, rtol=1e-5, atol=1e-6)

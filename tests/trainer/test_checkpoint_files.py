@@ -15,7 +15,8 @@ from composer_fn import random as R
 from composer_fn.callbacks.base import Callback, RunView
 from composer_fn.data import TensorLoader
 from composer_fn.models import MLP
-from composer_fn.trainer.checkpoint import newest_checkpoint
+from composer_fn.trainer.checkpoint import newest_checkpoint, prune_checkpoints, remove_stale_temporaries
+from composer_fn.trainer.sharded_files import INFO
 
 DATA = (R.normal(R.key(0), (32, 6)), R.randint(R.key(1), 0, 2, (32,)))
 
@@ -183,3 +184,27 @@ def test_weights_saved_channels_last_load_in_the_layout_of_the_run_that_loads_th
     for name, tensor in loaded.params.items():
         assert torch.equal(tensor, source.state.params[name])
         assert tensor.stride() == target.state.params[name].stride()
+
+
+def _sharded_folder(folder: Path, complete: bool = True, index: bool = True) -> Path:
+    # A sharded checkpoint's folder as DCP and the trainer leave it: shards, DCP's index, the run's facts.
+    folder.mkdir(parents=True)
+    (folder / "__0_0.distcp").write_bytes(b"shard")
+    if index:
+        (folder / ".metadata").write_bytes(b"index")
+    if complete:
+        (folder / INFO).write_text("{}")
+    return folder
+
+
+def test_the_newest_complete_checkpoint_is_a_file_or_a_sharded_folder_and_stale_ones_go(tmp_path: Path) -> None:
+    (tmp_path / "ep0-ba2.pt").write_bytes(b"file")
+    sharded = _sharded_folder(tmp_path / "ep0-ba4")
+    _sharded_folder(tmp_path / "ep0-ba6", complete=False)  # its facts not written: not a checkpoint
+    _sharded_folder(tmp_path / "ep0-ba7", index=False)  # DCP's index not written
+    stale = _sharded_folder(tmp_path / ".ep1-ba8.tmp")  # a save killed before its rename
+    assert newest_checkpoint(tmp_path) == sharded
+    assert remove_stale_temporaries(tmp_path) == [stale] and not stale.exists()
+    assert prune_checkpoints(tmp_path, 1) == [tmp_path / "ep0-ba2.pt"] and sharded.is_dir()
+    newer = _sharded_folder(tmp_path / "ep1-ba9")
+    assert prune_checkpoints(tmp_path, 1) == [sharded] and not sharded.exists() and newest_checkpoint(tmp_path) == newer
