@@ -281,7 +281,7 @@ def _options(command: argparse.ArgumentParser) -> list[argparse.Action]:
 
 def test_every_option_of_every_command_has_help_that_states_its_default() -> None:
     _, commands = _parser()
-    assert set(commands) == {"train", "plan", "profile", "export", "predict", "pareto", "report"}
+    assert set(commands) == {"train", "plan", "profile", "export", "predict", "convert", "pareto", "report"}
     for name, command in commands.items():
         formatter = command._get_formatter()
         for action in _options(command):

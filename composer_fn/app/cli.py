@@ -288,7 +288,9 @@ def _plain(text: str) -> object:
 
 
 _MODEL_KWARGS = _checked("comma-separated name=value pairs, each name once, e.g. width=16,dropout=0.1", _model_kwargs, lambda d: True)
-_CHECKPOINT = _checked("an existing checkpoint file, e.g. runs/latest.pt", Path, Path.is_file)
+_CHECKPOINT = _checked(
+    "an existing checkpoint file or sharded checkpoint folder, e.g. runs/latest.pt", Path, lambda path: path.is_file() or path.is_dir()
+)
 _FOLDER = _checked("a folder (created if missing), not a file", Path, lambda path: not path.is_file())
 _FILE = _checked("a file (created if missing), not a folder", Path, lambda path: not path.is_dir())
 
@@ -433,6 +435,17 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     )
     export.add_argument("--output", type=_FILE, default=None, help="the file to write (default: by the checkpoint)")
     export.add_argument("--data-dir", type=_DIRECTORY, default=None, help="where the run's data is (for the check batch; its usual place if omitted)")
+    convert = commands.add_parser(
+        "convert", help="write a checkpoint (a sharded run's folder included) as one checkpoint file, or its weights as safetensors"
+    )
+    convert.add_argument("checkpoint", type=_CHECKPOINT, help="a checkpoint file or a sharded checkpoint's folder")
+    convert.add_argument("--output", type=_FILE, required=True, help="the file to write")
+    convert.add_argument(
+        "--format",
+        default="torch",
+        choices=("torch", "safetensors"),
+        help="one torch.save checkpoint file, or the parameters as safetensors (Hugging Face from_pretrained); default %(default)s",
+    )
     predict = commands.add_parser("predict", help="write a checkpoint's predictions for a dataset as CSV")
     predict.add_argument("checkpoint", type=_CHECKPOINT, help="a checkpoint written by composer-fn train")
     _data_flags(predict, "the checkpoint's data")
@@ -659,6 +672,14 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _convert(args: argparse.Namespace) -> int:
+    from composer_fn.trainer.checkpoint import convert_checkpoint
+
+    written = convert_checkpoint(args.checkpoint, args.output, format=args.format)
+    print(f"wrote {written} ({args.format}) from {args.checkpoint}")
+    return 0
+
+
 def _predict(args: argparse.Namespace) -> int:
     import csv
 
@@ -822,9 +843,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(args)
     if args.command == "pareto":
         return _pareto(args)
-    if args.command in ("export", "predict"):
+    if args.command in ("export", "predict", "convert"):
         try:
-            return _export(args) if args.command == "export" else _predict(args)
+            return {"export": _export, "predict": _predict, "convert": _convert}[args.command](args)
         except (ValueError, TypeError, OSError) as error:
             print(f"composer-fn: {error}", file=sys.stderr)
             return 2

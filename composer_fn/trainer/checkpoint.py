@@ -45,7 +45,7 @@ from composer_fn.core.state import State
 from composer_fn.core.time import Timestamp
 from composer_fn.optim.base import in_layout_of
 from composer_fn.trainer.checks import first_line
-from composer_fn.trainer.sharded_files import is_sharded_checkpoint, read_info, write_info
+from composer_fn.trainer.sharded_files import is_sharded_checkpoint, read_info, whole_payload, write_info
 
 __all__ = [
     "save_checkpoint",
@@ -69,6 +69,8 @@ __all__ = [
     "checkpoint_metadata",
     "save_sharded_to_folder",
     "load_sharded_checkpoint",
+    "convert_checkpoint",
+    "CONVERSIONS",
 ]
 
 FORMAT_VERSION = 1
@@ -138,10 +140,15 @@ def save_checkpoint(
             step=state.step,
             key=state.key,
         )
+    return _written(target, lambda stream: torch.save(payload, stream))
+
+
+def _written(target: Path, write: Callable[[Any], None]) -> Path:
+    # ``write(stream)`` into a temporary file beside ``target``, flushed, renamed over it, and the rename flushed.
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(handle, "wb") as stream:
-            torch.save(payload, stream)
+            write(stream)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, target)
@@ -150,6 +157,34 @@ def save_checkpoint(
         raise
     sync_folder(target.parent)
     return target
+
+
+CONVERSIONS = ("torch", "safetensors")
+"""What ``convert_checkpoint`` writes: a checkpoint file, or the parameters as safetensors."""
+
+
+def convert_checkpoint(
+    source: str | os.PathLike[str], output: str | os.PathLike[str], *, format: str = "torch"
+) -> Path:
+    """Returns ``output``, written atomically from the checkpoint at ``source`` (a file or a sharded folder, read
+    whole by this process): with ``format='torch'`` one checkpoint file (``torch.save``) that every reader of a
+    checkpoint takes, with ``'safetensors'`` the parameters by name (a Hugging Face model's ``from_pretrained``
+    reads them beside its config; a weight tied to another is stored once, under its first name)."""
+    if format not in CONVERSIONS:
+        raise ValueError(f"format={format!r}: expected one of {', '.join(CONVERSIONS)}")
+    target = Path(output)
+    if target.is_dir():
+        raise ValueError(f"output={str(output)!r} is a folder: expected the path of the file to write")
+    payload = read_checkpoint(source, "cpu", argument="checkpoint")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if format == "torch":
+        return _written(target, lambda stream: torch.save(payload, stream))
+    try:
+        from safetensors.torch import save
+    except ModuleNotFoundError:
+        raise ValueError("format='safetensors' needs the safetensors package: pip install 'composer_fn[hf]'") from None
+    tensors = {name: tensor.contiguous() for name, tensor in payload["params"].items()}
+    return _written(target, lambda stream: stream.write(save(tensors, metadata={"format": "pt"})))
 
 
 def sync_folder(folder: Path) -> None:
@@ -281,7 +316,8 @@ _RUN = ("opt", "algos", "algos_names", "hparams", "step", "key")
 def read_checkpoint(
     path: str | os.PathLike[str], device: torch.device | str | None, *, argument: str = "load_path"
 ) -> dict[str, Any]:
-    """Returns the payload of the checkpoint at ``path`` (plain values and tensors, read with ``weights_only``).
+    """Returns the payload of the checkpoint at ``path`` (plain values and tensors, read with ``weights_only``; a
+    sharded checkpoint's folder is read whole, ``sharded_files.whole_payload``).
 
     A missing file is refused with FileNotFoundError; any file that is not a whole checkpoint of this package
     (empty, truncated, random bytes, text, another program's pickle) with one ValueError,
@@ -290,6 +326,8 @@ def read_checkpoint(
     source = Path(path)
     if isinstance(path, str) and not path:
         raise ValueError(f"{argument}='': expected the path of a checkpoint file")
+    if is_sharded_checkpoint(source):
+        return whole_payload(source, device)
     if not source.is_file():
         what = "it is a folder" if source.is_dir() else "there is no such file"
         raise FileNotFoundError(f"{argument}={str(path)!r} is not a checkpoint file: {what}")

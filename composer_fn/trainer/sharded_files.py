@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["INFO", "is_sharded_checkpoint", "write_shards", "read_shards", "write_info", "read_info"]
+__all__ = ["INFO", "is_sharded_checkpoint", "write_shards", "read_shards", "write_info", "read_info", "whole_payload"]
 
 INFO = "composer_fn.json"
 """The file in a sharded checkpoint's folder that holds the run's facts (and marks the folder complete)."""
@@ -53,3 +53,38 @@ def read_info(folder: Path) -> dict[str, Any]:
     """Returns the run's facts of the sharded checkpoint in ``folder``."""
     info: dict[str, Any] = json.loads((folder / INFO).read_text(encoding="utf-8"))
     return info
+
+
+def whole_payload(folder: Path, device: Any = None) -> dict[str, Any]:
+    """Returns the sharded checkpoint in ``folder`` read whole by this process alone, laid out as a checkpoint file's
+    payload (``checkpoint.read_checkpoint``): the run's facts, the parameters and buffers by name and, unless it holds
+    weights only, the optimizer's and algorithms' leaves in order, the hyperparameters, the step and the key."""
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    stored = FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    tree: dict[str, Any] = {}
+    for key, entry in stored.items():
+        kind, _, name = key.partition(".")
+        if isinstance(entry, TensorStorageMetadata):
+            value: Any = torch.empty(entry.size, dtype=entry.properties.dtype)
+        else:
+            value = None  # a value that is not a tensor: read as it was written
+        if name:
+            tree.setdefault(kind, {})[name] = value
+        else:
+            tree[kind] = value
+    read_shards(folder, tree, grouped=False)
+    if device is not None:
+        tree = {
+            kind: {n: v.to(device) for n, v in entries.items()} if isinstance(entries, dict) else entries.to(device)
+            for kind, entries in tree.items()
+        }
+    payload = {**read_info(folder), "params": tree["params"], "buffers": tree.get("buffers", {})}
+    if not payload["weights_only"]:
+        for kind in ("opt", "algos"):
+            entries = tree.get(kind, {})
+            payload[kind] = [entries[str(i)] for i in range(len(entries))]
+        payload.update(hparams=tree.get("hparams", {}), step=tree["step"], key=tree["key"])
+    return payload

@@ -158,15 +158,16 @@ def _ours(case: str, optimizer: str, rank: int, options: FSDP) -> tuple[dict[str
     return {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}, facts
 
 
-def _hand(case: str, optimizer: str, rank: int) -> dict[str, Tensor]:
+def _hand(case: str, optimizer: str, rank: int, bf16: bool = False) -> dict[str, Tensor]:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     model = _build(case)
     mesh = init_device_mesh("cpu", (WORLD,))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     for unit in CASES[case][3](model):
-        fully_shard(unit, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     optim = OPTIMIZERS[optimizer][1](model.parameters())
     for index in range(STEPS):
         batch = _share(CASES[case][1](index), rank)
@@ -257,6 +258,9 @@ def _ranks(rank: int, root: str) -> dict[str, Any]:
         results[case] = {"ours": ours, "again": again, "hand": _hand(case, optimizer, rank), "facts": facts}
     kept, _ = _ours("gpt2", "adamw", rank, FSDP(reshard_after_forward=False, activation_checkpointing=True))
     results["gpt2-kept-checkpointed"] = kept
+    results["gpt2-hsdp"], _ = _ours("gpt2", "adamw", rank, FSDP(replicate=WORLD))  # replicas of one shard each
+    results["llama-bf16"], _ = _ours("llama", "adamw", rank, FSDP(param_dtype="bf16"))
+    results["llama-bf16-hand"] = _hand("llama", "adamw", rank, bf16=True)
     return results
 
 
@@ -312,9 +316,16 @@ def test_sharded_facts(ranks: list[dict[str, Any]]) -> None:
         assert gpt2["units"] == ["transformer.h.0", "transformer.h.1"]
         for case in CASES:
             assert rank[case]["facts"]["sharded"] and rank[case]["facts"]["same_storage"], case
-    # Keeping gathered parameters to the backward and recomputing activations change memory, not numbers.
+    # Keeping gathered parameters to the backward, recomputing activations and replicating instead of sharding change
+    # memory, not numbers; computing in bf16 is what fully_shard's bf16 policy computes.
     for name, value in ranks[0]["gpt2"]["ours"].items():
         torch.testing.assert_close(ranks[0]["gpt2-kept-checkpointed"][name], value, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(ranks[0]["gpt2-hsdp"][name], value, rtol=2e-5, atol=5e-5)
+    fp32 = ranks[0]["llama"]["ours"]
+    assert any(not torch.equal(ranks[0]["llama-bf16"][name], value) for name, value in fp32.items())
+    for name in fp32:
+        assert ranks[0]["llama-bf16"][name].dtype == torch.float32  # fp32 master weights
+        torch.testing.assert_close(ranks[0]["llama-bf16"][name], ranks[0]["llama-bf16-hand"][name], rtol=2e-5, atol=5e-5)
 
 
 @pytest.mark.parametrize(
@@ -395,3 +406,36 @@ def test_one_process_resumes_a_two_process_sharded_checkpoint(ranks: list[dict[s
     for name, value in expected["params"].items():
         torch.testing.assert_close(resumed["params"][name], value, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(ranks[0]["saved"]["params"][name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_a_sharded_checkpoint_reads_whole_in_one_process_and_converts_to_a_file_and_to_safetensors(
+    ranks: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    from transformers import GPT2LMHeadModel
+
+    from composer_fn.app.cli import main
+    from composer_fn.testing.models import tiny_gpt2
+    from composer_fn.trainer import load_model
+
+    middle = ranks[0]["middle"]
+    batch, weights = ranks[0]["resumed_start"]
+    loaded = load_model(middle, tiny_gpt2())
+    assert loaded.lm_head.weight is loaded.get_input_embeddings().weight
+    for name, value in loaded.named_parameters():
+        assert torch.equal(value, weights[name]), name
+    assert main(["convert", middle, "--output", str(tmp_path / "whole.pt")]) == 0
+    whole = load_model(tmp_path / "whole.pt", tiny_gpt2())
+    assert all(torch.equal(value, weights[name]) for name, value in whole.named_parameters())
+    # A run resumed from the file continues as one resumed from the folder.
+    from_file = _trained(_lm_trainer(0, 1, load_path=str(tmp_path / "whole.pt")))
+    from_folder = _trained(_lm_trainer(0, 1, load_path=middle))
+    assert all(torch.equal(from_file["params"][n], v) for n, v in from_folder["params"].items())
+    # safetensors beside the model's config: Hugging Face's own loader, the tie kept.
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    tiny_gpt2().config.save_pretrained(folder)
+    assert main(["convert", middle, "--output", str(folder / "model.safetensors"), "--format", "safetensors"]) == 0
+    hugging = GPT2LMHeadModel.from_pretrained(folder)
+    assert hugging.lm_head.weight is hugging.get_input_embeddings().weight
+    for name, value in hugging.named_parameters():
+        assert torch.equal(value, weights[name]), name
