@@ -423,6 +423,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             "(one process if omitted)",
         )
         train.add_argument("--dist-timeout", type=_TIMEOUT, default=300.0, help="seconds a collective waits")
+        train.add_argument(
+            "--fsdp",
+            action="store_true",
+            help="shard the parameters, gradients and optimizer state over the --nproc processes (FSDP; each holds "
+            "the whole model if omitted)",
+        )
     profile = commands.choices["profile"]
     profile.add_argument("--steps", type=_POSITIVE_INT, default=5, help="steps recorded, after one skipped and one warm-up")
     profile.add_argument("--trace-folder", type=_FOLDER, default=Path("runs/profile"), help="where the traces go")
@@ -497,7 +503,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
 
     from composer_fn.callbacks import LRMonitor, SpeedMonitor
     from composer_fn.loggers import JSONLLogger, Logger
-    from composer_fn.trainer import Trainer
+    from composer_fn.trainer import FSDP, Trainer
     from composer_fn.trainer.distributed import World, environment_world
 
     if args.threads is not None:
@@ -567,6 +573,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
         **({"log_interval": args.log_interval} if args.log_interval is not None else {}),
         device_train_microbatch_size=args.microbatch_size,
         dist_timeout=args.dist_timeout,
+        parallelism=FSDP() if args.fsdp else None,
         profiler=profiler,
     )
     resumed_at = trainer.timestamp.sample  # a resumed run counts only the samples this process trains
