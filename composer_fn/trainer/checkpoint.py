@@ -23,6 +23,7 @@ newest of files and folders is the one a run resumes from. ``save_sharded_to_fol
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import os
 import pickle
@@ -33,7 +34,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.utils._pytree as pytree
@@ -574,8 +575,7 @@ def resume_run(
     argument: str = "load_path",
     max_duration: str = "",
     max_steps: int | None = None,
-    read_shards: ShardReader | None = None,
-    sharded: bool = False,
+    shards: Shards | None = None,
 ) -> tuple[State, Timestamp]:
     """Returns the state and timestamp a run starts from at ``path``: the whole run, or with ``weights_only`` its
     parameters and buffers in ``state`` at ``timestamp`` (``load_weights`` with ``strict`` and ``ignore_keys``).
@@ -583,28 +583,29 @@ def resume_run(
     ``state`` is the run's template (its structure and devices), ``algorithms`` its configs (``algorithms_to_json``). A whole run
     saved with another length (``timestamp.max_duration``; ``max_duration`` says it as the user wrote it) warns
     that the schedule's length changed; one already at ``max_steps`` warns that nothing will be trained.
-    ``argument`` names where the path came from in errors and warnings. A sharded checkpoint (a folder) is read by
-    ``read_shards`` (see ``load_sharded_checkpoint``); a ``sharded`` run resumes from a sharded checkpoint only.
+    ``argument`` names where the path came from in errors and warnings. A sharded run reads a checkpoint into its
+    own shards by ``shards``: a sharded checkpoint's folder with the processes' shards regrouped for it, a file
+    whole and then cut (its weights whole: strict, nothing ignored).
     """
-    if is_sharded_checkpoint(path):
-        if read_shards is None:
-            raise ValueError(f"{argument}={str(path)!r} is a sharded checkpoint, which this caller cannot read")
-        if weights_only and (not strict or ignore_keys):
-            raise ValueError(
-                f"{argument}={str(path)!r} is a sharded checkpoint: its weights load whole (load_strict_model_weights="
-                "True, no load_ignore_keys)"
-            )
+    if shards is not None and weights_only and (not strict or ignore_keys):
+        raise ValueError(
+            f"{argument}={str(path)!r}: a sharded run loads a checkpoint's weights whole (load_strict_model_weights="
+            "True, no load_ignore_keys)"
+        )
+    if shards is not None and is_sharded_checkpoint(path):
         checkpoint = load_sharded_checkpoint(
-            path, state, read_shards, algorithms=None if weights_only else algorithms, weights_only=weights_only,
+            path, state, shards.read, algorithms=None if weights_only else algorithms, weights_only=weights_only,
             argument=argument,
         )  # fmt: skip
         if weights_only:
             return checkpoint.state, timestamp
-    elif sharded:
-        raise ValueError(
-            f"{argument}={str(path)!r} is a checkpoint file; a sharded run (FSDP) resumes from a sharded checkpoint, "
-            "the folder a sharded run saves"
-        )
+    elif shards is not None:
+        whole = shards.whole(state)
+        if weights_only:
+            weights = load_weights(path, whole, device="cpu", argument=argument)
+            return shards.place(weights, state, True), timestamp
+        checkpoint = load_checkpoint(path, whole, device="cpu", algorithms=algorithms, argument=argument)
+        checkpoint = dataclasses.replace(checkpoint, state=shards.place(checkpoint.state, state, False))
     elif weights_only:
         weights = load_weights(path, state, device=device, strict=strict, ignore_keys=ignore_keys, argument=argument)
         return weights, timestamp
@@ -630,6 +631,20 @@ def resume_run(
 
 ShardReader = Callable[[Path, State, bool], State]
 """Reads a sharded checkpoint's folder into a run: ``(folder, template state, weights_only) -> state``."""
+
+
+class Shards(Protocol):
+    """How a sharded run reads a checkpoint into its own shards (``sharding.RunShards``)."""
+
+    def read(self, folder: Path, template: State, weights_only: bool) -> State:
+        """Returns the state of a sharded checkpoint's ``folder``, read into the run's shards."""
+
+    def whole(self, template: State) -> State:
+        """Returns ``template`` with whole shapes where the run holds shards (on the meta device): what a checkpoint
+        file holds."""
+
+    def place(self, whole: State, template: State, weights_only: bool) -> State:
+        """Returns the run's state holding each process's part of ``whole``'s tensors (written into its own)."""
 
 
 def save_sharded_to_folder(

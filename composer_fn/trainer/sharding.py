@@ -56,6 +56,7 @@ __all__ = [
     "reading_tree",
     "loaded_state",
     "read_sharded_state",
+    "RunShards",
 ]
 
 def check_sharded_run(options: Options, algorithms: Sequence[Algorithm], grouped: bool) -> None:
@@ -373,3 +374,51 @@ def read_sharded_state(folder: Path, template: State, weights_only: bool, *, mod
     tree = reading_tree(template, module, weights_only=weights_only)
     read_shards(folder, tree, grouped)
     return loaded_state(tree, template, weights_only=weights_only)
+
+
+class RunShards:
+    """How the sharded run of ``module`` reads a checkpoint into its own shards (``checkpoint.Shards``); with ``grouped``
+    every process of the group reads together."""
+
+    def __init__(self, module: nn.Module, grouped: bool) -> None:
+        self.module = module
+        self.grouped = grouped
+
+    def read(self, folder: Path, template: State, weights_only: bool) -> State:
+        """Returns the state of the sharded checkpoint in ``folder`` (``read_sharded_state``)."""
+        return read_sharded_state(folder, template, weights_only, module=self.module, grouped=self.grouped)
+
+    def whole(self, template: State) -> State:
+        """Returns ``template`` with the whole shapes of the tensors the run holds shards of, on the meta device."""
+        tree = shards_tree(template, self.module)
+
+        def whole(value: Any) -> Any:
+            return torch.empty(value.shape, dtype=value.dtype, device="meta") if hasattr(value, "to_local") else value
+
+        return loaded_state(
+            {kind: {k: whole(v) for k, v in entries.items()} if isinstance(entries, dict) else entries for kind, entries in tree.items()},
+            template,
+        )
+
+    def place(self, whole: State, template: State, weights_only: bool) -> State:
+        """Returns the run's state holding this process's part of each of ``whole``'s tensors, written into the run's
+        own tensors (the module's parameters and buffers among them)."""
+        from torch.distributed.tensor import distribute_tensor
+
+        targets = shards_tree(template, self.module, weights_only=weights_only)
+        values = shards_tree(whole, None, weights_only=weights_only)
+        with torch.no_grad():
+            for kind, entries in targets.items():
+                given = values[kind]
+                for key, target in entries.items() if isinstance(entries, dict) else [(None, entries)]:
+                    value = given[key] if key is not None else given
+                    if hasattr(target, "to_local"):
+                        part = distribute_tensor(value.to(target.device), target.device_mesh, target.placements, src_data_rank=None)
+                        target.to_local().copy_(part.to_local())
+                    elif isinstance(target, Tensor):
+                        target.copy_(value)
+                    elif key is not None:
+                        entries[key] = value
+                    else:
+                        targets[kind] = value
+        return loaded_state(targets, template, weights_only=weights_only)

@@ -83,7 +83,7 @@ from composer_fn.trainer.prediction import check_predict_loader, predictions
 from composer_fn.trainer.randomness import ModelDraws, cut_draws_warning, draws_nothing
 from composer_fn.trainer.reporting import Reporter, hparams_record, schedule_table
 from composer_fn.trainer.sharded_files import write_shards
-from composer_fn.trainer.sharding import gathered_module, is_sharded, read_sharded_state, shards_tree
+from composer_fn.trainer.sharding import RunShards, gathered_module, is_sharded, shards_tree
 from composer_fn.trainer.step import (
     StepFn,
     unused_parameters,
@@ -739,8 +739,7 @@ class Trainer(RunAttributes):
             argument=self.run.load_argument,
             max_duration=str(self.max_duration),
             max_steps=self.max_steps,
-            read_shards=functools.partial(read_sharded_state, module=self.static.module, grouped=distributed.grouped()),
-            sharded=is_sharded(self.static.module),
+            shards=RunShards(self.static.module, distributed.grouped()) if is_sharded(self.static.module) else None,
         )
         self._host_event(Event.AFTER_LOAD)
 

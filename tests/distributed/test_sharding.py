@@ -20,6 +20,7 @@ from composer_fn.models.cnn import SmallCNN
 from composer_fn.optim import adamw, sgd
 from composer_fn.trainer import FSDP as PublicFSDP
 from composer_fn.trainer import Trainer
+from composer_fn.trainer.checkpoint import convert_checkpoint
 from composer_fn.trainer.distributed import all_reduce_sum
 from composer_fn.trainer.sharding import (
     FSDP,
@@ -216,7 +217,8 @@ def _lm_trainer(rank: int, world: int, **arguments: Any) -> Trainer:
     # Right-padded rows: the processes hold other numbers of labelled tokens.
     batches = token_batches(4, batch_size=4, length=16, seed=3)
     if world > 1:
-        batches = [{name: item[rank * 2 : (rank + 1) * 2] for name, item in batch.items()} for batch in batches]
+        rows = 4 // world
+        batches = [{name: item[rank * rows : (rank + 1) * rows] for name, item in batch.items()} for batch in batches]
     arguments = {"max_duration": "4ba", **arguments}
     return Trainer(tiny_gpt2(), batches, optimizer=sgd(0.1, momentum=0.9), progress_bar=False, seed=2, **arguments)
 
@@ -252,6 +254,14 @@ def _ranks(rank: int, root: str) -> dict[str, Any]:
     results["resumed"] = _trained(resumed)
     results["resumed_at"] = middle.name
     results["middle"] = str(middle)
+    # A checkpoint file (what one process writes) resumes a sharded run too: each process takes its part.
+    whole = Path(root) / "whole.pt"
+    if rank == 0:
+        convert_checkpoint(middle, whole)
+    torch.distributed.barrier()
+    from_file = _lm_trainer(rank, WORLD, parallelism=PublicFSDP(), load_path=str(whole))
+    results["from_file_start"] = from_file.timestamp.batch
+    results["from_file"] = _trained(from_file)
     for case, optimizer in RUNS:
         ours, facts = _ours(case, optimizer, rank, FSDP())
         again, _ = _ours(case, optimizer, rank, FSDP())
@@ -389,7 +399,8 @@ def test_a_sharded_checkpoint_is_a_folder_of_every_process_s_shards_and_resumes_
     for rank in ranks:
         for name, value in rank["saved"]["params"].items():
             assert torch.equal(rank["resumed"]["params"][name], value), name  # bitwise: the same arithmetic
-        assert rank["resumed"]["tied"]
+            assert torch.equal(rank["from_file"]["params"][name], value), name
+        assert rank["resumed"]["tied"] and rank["from_file"]["tied"] and rank["from_file_start"] == 2
 
 
 def test_one_process_resumes_a_two_process_sharded_checkpoint(ranks: list[dict[str, Any]]) -> None:
@@ -439,3 +450,60 @@ def test_a_sharded_checkpoint_reads_whole_in_one_process_and_converts_to_a_file_
     assert hugging.lm_head.weight is hugging.get_input_embeddings().weight
     for name, value in hugging.named_parameters():
         assert torch.equal(value, weights[name]), name
+
+
+def _killed_while_saving(rank: int, root: str) -> None:
+    # Every process is killed (SIGKILL) after writing its shards of the second checkpoint, before it is complete.
+    import os
+    import signal
+
+    import composer_fn.trainer.trainer as trainer_module
+
+    writes = []
+    real = trainer_module.write_shards
+
+    def write_then_die(folder: Path, tree: dict[str, Any]) -> None:
+        writes.append(folder)
+        real(folder, tree)
+        if len(writes) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    trainer_module.write_shards = write_then_die  # type: ignore[assignment]
+    _lm_trainer(rank, WORLD, parallelism=PublicFSDP(), save_folder=root, save_interval="2ba", max_duration="6ba").fit()
+
+
+def _autoresumed(rank: int, root: str) -> dict[str, Any]:
+    trainer = _lm_trainer(rank, WORLD, parallelism=PublicFSDP(), save_folder=root, save_interval="2ba", max_duration="6ba", autoresume=True)
+    start = trainer.timestamp.batch
+    return {"start": start, **_trained(trainer)}
+
+
+def test_every_process_killed_during_a_sharded_save_leaves_the_previous_checkpoint_which_autoresume_takes(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "run"
+    with pytest.raises(AssertionError):
+        run_ranks(_killed_while_saving, WORLD, tmp_path, str(root))
+    names = sorted(path.name for path in root.iterdir())
+    assert [n for n in names if "-ba" in n and not n.endswith(".tmp")] == [n for n in names if n.endswith("-ba2")]
+    assert any(n.endswith("-ba4.tmp") for n in names)  # the killed save, never taken
+    resumed = run_ranks(_autoresumed, WORLD, tmp_path, str(root))
+    expected = _trained(_lm_trainer(0, 1, max_duration="6ba"))
+    for rank in resumed:
+        assert rank["start"] == 2
+        for name, value in expected["params"].items():
+            torch.testing.assert_close(rank["params"][name], value, rtol=1e-5, atol=1e-6)
+    assert not any(path.name.endswith(".tmp") for path in root.iterdir())  # autoresume cleared it
+
+
+def _four_resumed(rank: int, middle: str) -> dict[str, Any]:
+    trainer = _lm_trainer(rank, 4, parallelism=PublicFSDP(), load_path=middle)
+    return {"start": trainer.timestamp.batch, **_trained(trainer)}
+
+
+def test_four_sharded_processes_resume_a_two_process_checkpoint(ranks: list[dict[str, Any]], tmp_path: Path) -> None:
+    resumed = run_ranks(_four_resumed, 4, tmp_path, ranks[0]["middle"])
+    for rank in resumed:
+        assert rank["start"] == 2
+        for name, value in ranks[0]["saved"]["params"].items():
+            torch.testing.assert_close(rank["params"][name], value, rtol=1e-5, atol=1e-6)
