@@ -46,7 +46,13 @@ from composer_fn.core.state import State
 from composer_fn.core.time import Timestamp
 from composer_fn.optim.base import in_layout_of
 from composer_fn.trainer.checks import first_line
-from composer_fn.trainer.sharded_files import is_sharded_checkpoint, read_info, whole_payload, write_info
+from composer_fn.trainer.sharded_files import (
+    is_sharded_checkpoint,
+    read_info,
+    whole_payload,
+    write_info,
+    write_shards,
+)
 
 __all__ = [
     "save_checkpoint",
@@ -72,6 +78,7 @@ __all__ = [
     "load_sharded_checkpoint",
     "convert_checkpoint",
     "CONVERSIONS",
+    "save_run",
 ]
 
 FORMAT_VERSION = 1
@@ -730,3 +737,36 @@ def load_sharded_checkpoint(
         )
     state = read(folder, template, weights_only)
     return Checkpoint(state, Timestamp.from_dict(info["timestamp"]), info["algorithms"], info.get("max_duration"))
+
+
+def save_run(
+    folder: Path,
+    state: State,
+    timestamp: Timestamp,
+    algorithms: str,
+    *,
+    main: bool,
+    barrier: Callable[[], None],
+    shards: Callable[[bool], dict[str, Any]] | None = None,
+    name: str | None = None,
+    weights_only: bool = False,
+    metadata: dict[str, Any] | None = None,
+    keep: int = -1,
+) -> Path:
+    """Returns the checkpoint of a run written into ``folder``, every process calling it: named ``name`` (and then
+    neither ``latest`` nor the other checkpoints change), else ``checkpoint_name(timestamp)`` as ``save_to_folder``
+    does. A sharded run's (``shards(weights_only)`` gives this process's tree: ``sharding.shards_tree``) is a folder
+    each process writes its shards into (``save_sharded_to_folder``); any other is the main process's file, while
+    the others wait."""
+    if shards is not None:
+        return save_sharded_to_folder(
+            folder, state, timestamp, algorithms, write=lambda path: write_shards(path, shards(weights_only)), main=main,
+            barrier=barrier, weights_only=weights_only, metadata=metadata, keep=keep, name=name,
+        )  # fmt: skip
+    path = folder / (name if name is not None else checkpoint_name(timestamp))
+    if main and name is None:
+        save_to_folder(folder, state, timestamp, algorithms, weights_only=weights_only, metadata=metadata, keep=keep)
+    elif main:
+        save_checkpoint(path, state, timestamp, algorithms, weights_only=weights_only, metadata=metadata)
+    barrier()
+    return path

@@ -120,10 +120,10 @@ class Reporter:
             leave=True,
         )
 
-    def stepped(self, samples: int, steps: int = 1) -> None:
-        """Counts one step of ``samples`` samples (or ``steps`` steps of them in all: the throughput, the bar)."""
+    def stepped(self, samples: int) -> None:
+        """Counts one step of ``samples`` samples (the throughput, the bar)."""
         if self.progress_bar:
-            self._bar.update(steps)
+            self._bar.update(1)
         window_start, seen = self._window
         self._window = (window_start, seen + samples)
 

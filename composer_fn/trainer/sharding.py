@@ -59,6 +59,7 @@ __all__ = [
     "RunShards",
 ]
 
+
 def check_sharded_run(options: Options, algorithms: Sequence[Algorithm], grouped: bool) -> None:
     """Raises ValueError, naming the option, for what a sharded run (``options.execution.parallelism``) does not do
     yet: no process group (``grouped``), algorithms, microbatches, a compiled or ``func``-mode step, fp16 loss
@@ -111,14 +112,13 @@ def shard_units(module: nn.Module, options: FSDP) -> list[tuple[str, nn.Module]]
     tie is kept in the unit around both.
     """
     named = options.units if options.units is not None else _hinted(module)
-    if named is not None:
-        chosen = [(name, child) for name, child in module.named_modules() if name and type(child).__name__ in named]
-        if not chosen:
-            found = sorted({type(child).__name__ for _, child in module.named_modules()})
-            raise ValueError(
-                f"FSDP.units={named!r} names no submodule of {type(module).__name__}; its classes: {', '.join(found)}"
-            )
-    else:
+    chosen = [(name, child) for name, child in module.named_modules() if name and type(child).__name__ in (named or ())]
+    if options.units is not None and not chosen:
+        found = sorted({type(child).__name__ for _, child in module.named_modules()})
+        raise ValueError(
+            f"FSDP.units={named!r} names no submodule of {type(module).__name__}; its classes: {', '.join(found)}"
+        )
+    if not chosen:  # no hint, or one that names nothing here
         chosen = [
             (f"{name}.{index}" if name else index, child)
             for name, stack in module.named_modules()

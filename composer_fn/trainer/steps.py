@@ -18,9 +18,18 @@ from composer_fn.core.engine import Plan
 from composer_fn.core.state import LossFn, State, Static
 from composer_fn.optim.base import GradientTransformation
 from composer_fn.trainer import distributed
+from composer_fn.trainer.microbatch import Cut, split_batch
+from composer_fn.trainer.options import Execution
 from composer_fn.trainer.precision import Precision
 from composer_fn.trainer.sharding import is_sharded, make_sharded_step
-from composer_fn.trainer.step import GradMode, StepFn, compile_step, make_eval_step, make_train_step
+from composer_fn.trainer.step import (
+    GradMode,
+    StepFn,
+    compile_step,
+    make_eval_step,
+    make_train_step,
+    unused_parameters,
+)
 
 __all__ = ["StepSpec", "StepBuilder", "StepCache"]
 
@@ -60,6 +69,23 @@ class StepSpec:
     norms: bool = False
     reseed: bool = False
     sharded: bool = False
+
+    @classmethod
+    def of(
+        cls, static: Static, step_key: Hashable, frozen: frozenset[str], execution: Execution, cut: Cut, *,
+        units_scale: float, norms: bool,
+    ) -> StepSpec:  # fmt: skip
+        """Returns the spec of a run's step: ``execution``'s, on the batches ``cut`` cuts. The run owns its state: an
+        eager step may update its tensors in place, unless a step that runs out of memory ('auto') is to be retried
+        from the state before it; a compiled graph draws its seeds once, at its start."""
+        backend = execution.compile if isinstance(execution.compile, str) else None  # a backend's name, once checked
+        compiled = backend is not None
+        return cls(
+            static, step_key, frozen, grad_mode=execution.step_grad_mode, compile=backend,
+            microbatch_size=cut.microbatch_size, first_sample=cut.first_sample, processes=cut.processes,
+            units_scale=units_scale, donate=not compiled and not cut.auto, guard_failures=cut.auto and cut.processes > 1,
+            norms=norms, reseed=not compiled, sharded=execution.parallelism is not None,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -119,6 +145,19 @@ class StepBuilder:
         if spec.compile is not None:
             step = compile_step(step, backend if backend is not None else spec.compile)
         return step
+
+
+    def unused(self, spec: StepSpec, plan: Plan, state: State, batch: Any, process_batch: int | None) -> frozenset[str]:
+        """Returns the parameters the loss of ``spec``'s step does not reach on the first microbatch of ``batch`` (a
+        process's batch of ``process_batch`` samples; None: none yet), found by an autograd step: a ``func``-mode
+        step cannot tell them from ones with a zero gradient (``train_step``'s ``unused``)."""
+        part = split_batch(batch, self.input_key, spec.microbatch_size or process_batch)[:1] if batch is not None else []
+        if not part:
+            return frozenset()
+        return unused_parameters(
+            spec.static, plan, self.loss_fn, state, part[0][1], input_key=self.input_key,
+            per_sample_loss_fn=self.per_sample_loss_fn, frozen=spec.frozen,
+        )  # fmt: skip
 
 
 class StepCache:

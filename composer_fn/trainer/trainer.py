@@ -50,13 +50,7 @@ from composer_fn.trainer.build import (
     to_device,
     train_inputs,
 )
-from composer_fn.trainer.checkpoint import (
-    prepare_folder,
-    resume_run,
-    save_checkpoint,
-    save_sharded_to_folder,
-    save_to_folder,
-)
+from composer_fn.trainer.checkpoint import prepare_folder, resume_run, save_run
 from composer_fn.trainer.checks import check_algorithms_read
 from composer_fn.trainer.evaluation import due, evaluate_on, stopping
 from composer_fn.trainer.evaluator import Evaluator
@@ -69,7 +63,7 @@ from composer_fn.trainer.first_batch import (
     check_train_keys,
     units_scale,
 )
-from composer_fn.trainer.microbatch import Cut, failed_contribution, norm_statistics, split_batch
+from composer_fn.trainer.microbatch import Cut, failed_contribution, norm_statistics
 from composer_fn.trainer.model import evaluation_state, module_with
 from composer_fn.trainer.options import (
     BatchLayout,
@@ -82,11 +76,9 @@ from composer_fn.trainer.options import (
 from composer_fn.trainer.prediction import check_predict_loader, predictions
 from composer_fn.trainer.randomness import ModelDraws, cut_draws_warning, draws_nothing
 from composer_fn.trainer.reporting import Reporter, hparams_record, schedule_table
-from composer_fn.trainer.sharded_files import write_shards
 from composer_fn.trainer.sharding import RunShards, gathered_module, is_sharded, shards_tree
 from composer_fn.trainer.step import (
     StepFn,
-    unused_parameters,
 )
 from composer_fn.trainer.steps import StepBuilder, StepCache, StepSpec
 
@@ -125,14 +117,10 @@ class Trainer(RunAttributes):
         checkpointing: where and how often checkpoints are written (``Checkpointing``).
         resume: the checkpoint the run starts from, whole or its weights only (``Resume``).
         reporting: callbacks, loggers, the log interval, the progress bar and the profiler (``Reporting``).
-        composer_arguments: Composer's flat names for the records' fields, each mapped by
-            ``composer_fn.trainer.options.COMPOSER_NAMES``: ``device``, ``precision``, ``compile``, ``grad_mode``,
-            ``device_train_microbatch_size`` and ``dist_timeout`` (``Execution``); ``input_key``, ``target_key``,
-            ``loss_fn`` and ``per_sample_loss_fn`` (``BatchLayout``); ``save_folder``, ``save_interval``,
-            ``save_num_checkpoints_to_keep``, ``save_weights_only`` and ``save_metadata`` (``Checkpointing``);
-            ``load_path``, ``autoresume``, ``load_weights_only``, ``load_strict_model_weights`` and
-            ``load_ignore_keys`` (``Resume``); ``callbacks``, ``loggers``, ``log_interval``, ``progress_bar`` and
-            ``profiler`` (``Reporting``). A record and a flat name for the same record are refused together.
+        composer_arguments: Composer's flat names for the records' fields (``save_folder``, ``load_path``,
+            ``device_train_microbatch_size``, ...), each mapped onto its record by
+            ``composer_fn.trainer.options.COMPOSER_NAMES``, which lists them all. A record and a flat name for the
+            same record are refused together.
 
     Under ``torchrun`` (``RANK``/``WORLD_SIZE`` in the environment) or in an initialised process group, each
     process trains on its share of every global batch and the gradients are summed across processes once a
@@ -248,51 +236,15 @@ class Trainer(RunAttributes):
         return plan
 
     def _spec(self, plan: Plan, frozen: frozenset[str] = frozenset()) -> StepSpec:
-        cut, auto = self._cut, self._cut.auto
-        return StepSpec(
-            self.static,
-            plan.step_key,
-            frozen,
-            grad_mode=self.grad_mode,
-            compile=self.compile,
-            microbatch_size=cut.microbatch_size,
-            first_sample=cut.first_sample,
-            processes=cut.processes,
-            units_scale=self._units_scale or 1.0,
-            # The trainer owns its state: an eager step may update its tensors in place, unless a step that runs out
-            # of memory is to be retried from the state before it.
-            donate=not self.compile and not auto,
-            guard_failures=auto and cut.processes > 1,
-            norms=self._step_norms,
-            # A compiled graph draws its seeds once, at its start.
-            reseed=not self.compile,
-            sharded=self.run.options.execution.parallelism is not None,
-        )
+        execution, scale = self.options.execution, self._units_scale or 1.0
+        return StepSpec.of(self.static, plan.step_key, frozen, execution, self._cut, units_scale=scale, norms=self._step_norms)
 
     def _train_step(self, plan: Plan, frozen: frozenset[str] = frozenset()) -> StepFn:
-        spec = self._spec(plan, frozen)
-        unused = self._unused(spec, plan) if spec.grad_mode == "func" and spec not in self._steps else frozenset()
+        spec, unused = self._spec(plan, frozen), frozenset[str]()
+        if spec.grad_mode == "func" and spec not in self._steps:  # the parameters its loss does not reach, by autograd
+            with self._draws.around(self.timestamp.batch, self._cut.first_sample):
+                unused = self._steps.builder.unused(spec, plan, self.state, self._batch, self._cut.process_batch)
         return self._steps.train_step(spec, plan, unused)
-
-    def _unused(self, spec: StepSpec, plan: Plan) -> frozenset[str]:
-        # A func-mode step (the compiled one) cannot tell a parameter its loss does not reach from one with a zero
-        # gradient; an autograd step on this batch's first microbatch names them, with the model's draws put back.
-        if self._batch is None:
-            return frozenset()
-        part = split_batch(self._batch, self.input_key, spec.microbatch_size or self._cut.process_batch)[:1]
-        if not part:
-            return frozenset()
-        with self._draws.around(self.timestamp.batch, self._cut.first_sample):
-            return unused_parameters(
-                self.static,
-                plan,
-                self.loss_fn,
-                self.state,
-                part[0][1],
-                input_key=self.input_key,
-                per_sample_loss_fn=self.per_sample_loss_fn,
-                frozen=spec.frozen,
-            )
 
     def _eval_step(self, plan: Plan, predict: bool = False) -> Callable[[State, Any], Tensor]:
         return self._steps.eval_step(self.static, plan, predict, self.compile)
@@ -480,35 +432,28 @@ class Trainer(RunAttributes):
         return Progress(meta.batch_size, meta.tokens, time.perf_counter() - began)
 
     def _run_of_steps(self, count: int, taken: Progress | None) -> Progress:
-        # A Steps tick: batches read and stepped in a row by the run's fixed step, the first already ``taken``.
-        start, feed, draws, step = self.timestamp, self._feed, self._draws, self._fixed_step
+        # A Steps tick: batches read and stepped in a row by the run's fixed step (the first already ``taken``);
+        # stopped by an error, the clock still counts the steps taken.
+        start, step, ran = self.timestamp, self._fixed_step, taken or Progress(0, batches=0)
+        samples, tokens, done, began = ran.samples, ran.tokens, ran.batches, time.perf_counter()
         assert step is not None
-        first, first_sample, reporter = int(taken is not None), self._cut.first_sample, self._reporter
-        done, samples, tokens, seconds = first, 0, 0, 0.0
-        outputs: dict[str, Tensor] | None = None
-        began = time.perf_counter()
         try:
             while done < count:
-                _, batch, _, meta = feed.next(start)
-                saved = draws.enter(start.batch + done, first_sample)
+                _, batch, _, meta = self._feed.next(start)
+                saved = self._draws.enter(start.batch + done, self._cut.first_sample)
                 try:
                     self.state, outputs = step(self.state, batch)
                 except RuntimeError as error:
                     raise distributed.explained(error, self.world, start.batch + done) from error
                 finally:
-                    draws.leave(saved)
+                    self._draws.leave(saved)
+                self._took(outputs)
+                self._reporter.stepped(meta.batch_size)
                 done, samples, tokens = done + 1, samples + meta.batch_size, tokens + meta.tokens
-                if reporter.progress_bar:  # the bar moves each step; the throughput is counted once
-                    reporter.stepped(0)
         finally:
-            seconds = time.perf_counter() - began
-            if taken is not None:
-                samples, tokens, seconds = samples + taken.samples, tokens + taken.tokens, seconds + taken.seconds
-            if done < count and done:  # stopped by an error: the clock counts the steps taken
+            seconds = ran.seconds + time.perf_counter() - began
+            if 0 < done < count:
                 self.timestamp = start.advance(samples, tokens, seconds, done)
-        if outputs is not None:
-            self._took(outputs)
-        reporter.stepped(samples - (taken.samples if taken else 0), 0 if reporter.progress_bar else count - first)
         return Progress(samples, tokens, seconds, count)
 
     def _planned_step(self, timestamp: Timestamp) -> StepFn:
@@ -694,35 +639,10 @@ class Trainer(RunAttributes):
 
     def _save(self) -> None:
         assert self.save_folder is not None
-        if is_sharded(self.static.module):  # every process writes its shards
-            options = self.options.checkpointing
-            path = save_sharded_to_folder(
-                self.save_folder,
-                self.state,
-                self.timestamp,
-                algorithms_to_json(self.algorithms),
-                write=self._shard_writer(options.weights_only),
-                main=self.world.main,
-                barrier=self.world.barrier,
-                weights_only=options.weights_only,
-                metadata=dict(options.metadata or {}),
-                keep=options.keep,
-            )
-            self._reporter.log({"kind": "checkpoint", "step": self.timestamp.batch, "path": str(path)})
-            return
+        options = self.options.checkpointing
+        path = self._write(self.save_folder, None, options.weights_only, options.keep)
         if self.world.main:
-            options = self.options.checkpointing
-            path = save_to_folder(
-                self.save_folder,
-                self.state,
-                self.timestamp,
-                algorithms_to_json(self.algorithms),
-                weights_only=options.weights_only,
-                metadata=dict(options.metadata or {}),
-                keep=options.keep,
-            )
             self._reporter.log({"kind": "checkpoint", "step": self.timestamp.batch, "path": str(path)})
-        self.world.barrier()
 
     def _load(self, load_path: str | Path) -> None:
         self._host_event(Event.BEFORE_LOAD)
@@ -743,33 +663,20 @@ class Trainer(RunAttributes):
         )
         self._host_event(Event.AFTER_LOAD)
 
-    def _shard_writer(self, weights_only: bool = False) -> Callable[[Path], None]:
-        # What a sharded checkpoint holds of the run: its state, the parameters as shards of the module's layout.
-        tree = shards_tree(self.state, self.static.module, weights_only=weights_only)
-        return functools.partial(write_shards, tree=tree)
-
     def save_checkpoint(self, path: str | Path) -> Path:
         """Returns the path written: the current state and timestamp, saved atomically (by rank 0, while the
         other processes wait; every process calls it). A sharded run writes a sharded checkpoint, the folder ``path``,
         each process its shards."""
-        if is_sharded(self.static.module):
-            folder = Path(path)
-            return save_sharded_to_folder(
-                folder.parent,
-                self.state,
-                self.timestamp,
-                algorithms_to_json(self.algorithms),
-                write=self._shard_writer(),
-                main=self.world.main,
-                barrier=self.world.barrier,
-                metadata=dict(self.options.checkpointing.metadata or {}),
-                name=folder.name,
-            )
-        if self.world.main:
-            metadata = dict(self.options.checkpointing.metadata or {})
-            save_checkpoint(path, self.state, self.timestamp, algorithms_to_json(self.algorithms), metadata=metadata)
-        self.world.barrier()
-        return Path(path)
+        return self._write(Path(path).parent, Path(path).name)
+
+    def _write(self, folder: Path, name: str | None, weights_only: bool = False, keep: int = -1) -> Path:
+        module, metadata = self.static.module, dict(self.options.checkpointing.metadata or {})
+        shards = functools.partial(shards_tree, self.state, module) if is_sharded(module) else None
+        return save_run(
+            folder, self.state, self.timestamp, algorithms_to_json(self.algorithms), main=self.world.main,
+            barrier=self.world.barrier, shards=(lambda only: shards(weights_only=only)) if shards else None, name=name,
+            weights_only=weights_only, metadata=metadata, keep=keep,
+        )  # fmt: skip
 
     @property
     def model(self) -> nn.Module:

@@ -457,10 +457,10 @@ def _killed_while_saving(rank: int, root: str) -> None:
     import os
     import signal
 
-    import composer_fn.trainer.trainer as trainer_module
+    import composer_fn.trainer.checkpoint as checkpoint_module
 
     writes = []
-    real = trainer_module.write_shards
+    real = checkpoint_module.write_shards
 
     def write_then_die(folder: Path, tree: dict[str, Any]) -> None:
         writes.append(folder)
@@ -468,7 +468,7 @@ def _killed_while_saving(rank: int, root: str) -> None:
         if len(writes) == 2:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    trainer_module.write_shards = write_then_die  # type: ignore[assignment]
+    checkpoint_module.write_shards = write_then_die  # type: ignore[assignment]
     _lm_trainer(rank, WORLD, parallelism=PublicFSDP(), save_folder=root, save_interval="2ba", max_duration="6ba").fit()
 
 
@@ -482,7 +482,7 @@ def test_every_process_killed_during_a_sharded_save_leaves_the_previous_checkpoi
     tmp_path: Path,
 ) -> None:
     root = tmp_path / "run"
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="SIGKILL"):
         run_ranks(_killed_while_saving, WORLD, tmp_path, str(root))
     names = sorted(path.name for path in root.iterdir())
     assert [n for n in names if "-ba" in n and not n.endswith(".tmp")] == [n for n in names if n.endswith("-ba2")]
