@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from composer_fn.core.state import BatchMeta, batch_meta
+from composer_fn.core.state import BatchMeta, batch_input, batch_meta
 from composer_fn.core.time import Timestamp
 from composer_fn.trainer.build import to_device
 from composer_fn.trainer.first_batch import check_batch_kind
@@ -50,6 +50,7 @@ class Feed:
         self._processes = processes
         self._batches: Iterator[Any] | None = None
         self._read = 0  # the epoch's batches read so far, the skipped ones of a resumed run included
+        self._described: tuple[Any, Any, BatchMeta] = (None, None, BatchMeta(0))
 
     def next(self, timestamp: Timestamp, check: Callable[[Any], None] | None = None) -> Fed:
         """Returns the batch at ``timestamp`` (its epoch's ``batch_in_epoch``-th): a loader that runs out before its
@@ -70,7 +71,12 @@ class Feed:
         check_batch_kind(raw, "train_dataloader")
         if check is not None:
             check(raw)
-        local = batch_meta(raw, self._input_key)
+        # Batches of one shape and dtype share their description (most of a run's batches).
+        given = batch_input(raw, self._input_key)
+        shape, dtype = getattr(given, "shape", None), getattr(given, "dtype", None)
+        if shape is None or (shape, dtype) != self._described[:2]:
+            self._described = (shape, dtype, batch_meta(raw, self._input_key))
+        local = self._described[2]
         # Under several processes, host hooks and the run's clock see the global batch, as one process would.
         meta = (
             local

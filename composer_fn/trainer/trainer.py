@@ -434,7 +434,7 @@ class Trainer(RunAttributes):
     def _run_of_steps(self, count: int, taken: Progress | None) -> Progress:
         # A Steps tick: batches read and stepped in a row by the run's fixed step (the first already ``taken``);
         # stopped by an error, the clock still counts the steps taken.
-        start, step, ran = self.timestamp, self._fixed_step, taken or Progress(0, batches=0)
+        start, step, ran, bar = self.timestamp, self._fixed_step, taken or Progress(0, batches=0), self._reporter.progress_bar
         samples, tokens, done, began = ran.samples, ran.tokens, ran.batches, time.perf_counter()
         assert step is not None
         try:
@@ -447,13 +447,17 @@ class Trainer(RunAttributes):
                     raise distributed.explained(error, self.world, start.batch + done) from error
                 finally:
                     self._draws.leave(saved)
-                self._took(outputs)
-                self._reporter.stepped(meta.batch_size)
+                if bar:  # else the throughput is counted once, below
+                    self._reporter.stepped(meta.batch_size)
                 done, samples, tokens = done + 1, samples + meta.batch_size, tokens + meta.tokens
         finally:
             seconds = ran.seconds + time.perf_counter() - began
             if 0 < done < count:
                 self.timestamp = start.advance(samples, tokens, seconds, done)
+        if done > ran.batches:
+            self._took(outputs)
+            if not bar:
+                self._reporter.stepped(samples - ran.samples)
         return Progress(samples, tokens, seconds, count)
 
     def _planned_step(self, timestamp: Timestamp) -> StepFn:

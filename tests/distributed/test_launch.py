@@ -34,3 +34,15 @@ def test_two_sharded_processes_by_torchrun_print_the_metrics_of_one_process_with
     one = _train("--microbatch-size", "32", "--threads", "1", algorithms="")
     assert len(two) == 1
     assert two == one
+
+
+def test_a_sharded_run_from_the_command_line_saves_a_folder_that_exports_and_predicts(tmp_path: Path) -> None:
+    from composer_fn.app.cli import main
+
+    run = tmp_path / "run"
+    _train("--nproc", "2", "--fsdp", "--save-folder", str(run), algorithms="")
+    saved = [path for path in run.iterdir() if path.is_dir() and not path.is_symlink() and not path.name.startswith(".")]
+    assert len(saved) == 1 and (run / "latest").resolve() == saved[0].resolve()
+    assert main(["export", str(run / "latest"), "--format", "torchscript", "--output", str(tmp_path / "m.pt")]) == 0
+    assert main(["predict", str(run / "latest"), "--output", str(tmp_path / "p.csv")]) == 0
+    assert len((tmp_path / "p.csv").read_text().splitlines()) > 1

@@ -309,6 +309,8 @@ def test_units_are_each_block_shards_are_this_process_s_and_ties_stay() -> None:
     hinted = _gpt2()
     hinted._no_split_modules = {"GPT2Attention", "GPT2MLP"}  # a model's own units
     assert [n for n, _ in shard_units(hinted, FSDP())] == [f"transformer.h.{i}.{part}" for i in (0, 1) for part in ("attn", "mlp")]
+    hinted._no_split_modules = ["NotHere"]  # a hint that names nothing in it: the blocks, as without one
+    assert [n for n, _ in shard_units(hinted, FSDP())] == ["transformer.h.0", "transformer.h.1"]
     with pytest.raises(ValueError, match=r"FSDP.units=\('Block',\) names no submodule of GPT2LMHeadModel; its classes: .*GPT2Block"):
         shard_units(_gpt2(), FSDP(units=("Block",)))
 
