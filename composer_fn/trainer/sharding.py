@@ -63,7 +63,7 @@ __all__ = [
 def check_sharded_run(options: Options, algorithms: Sequence[Algorithm], grouped: bool) -> None:
     """Raises ValueError, naming the option, for what a sharded run (``options.execution.parallelism``) does not do
     yet: no process group (``grouped``), algorithms, microbatches, a compiled or ``func``-mode step, fp16 loss
-    scaling."""
+    scaling, callbacks that read the gradients' norms (the sharded step does not report them)."""
     execution = options.execution
     given = f"Execution.parallelism={execution.parallelism!r}"
     if not grouped:
@@ -77,6 +77,10 @@ def check_sharded_run(options: Options, algorithms: Sequence[Algorithm], grouped
         (execution.compile is not None, f"Execution.compile={execution.compile!r}"),
         (execution.grad_mode == "func", "Execution.grad_mode='func'"),
         (execution.precision == "fp16-mixed", "Execution.precision='fp16-mixed'"),
+        (
+            any(callback.step_norms for callback in options.reporting.callbacks),
+            f"callbacks reading the gradients' norms {[type(c).__name__ for c in options.reporting.callbacks if c.step_norms]}",
+        ),
     ]
     named = [name for refuse, name in refused if refuse]
     if named:

@@ -623,7 +623,8 @@ class Trainer(RunAttributes):
         run's precision; on the host's CPU when the model is on another device), running the PREDICT events.
         Batches are as in training (the input at ``input_key``), or input tensors alone.
 
-        Under several processes each returns the outputs of the batches its own loader gives it.
+        Under several processes each returns the outputs of the batches its own loader gives it; a sharded run's
+        forward is every process's, so each calls it with as many batches.
 
         Inputs that cannot be the model's are refused naming the batch: not a tensor, or another number of dims,
         channels or features than the batches it trained on (after ``fit``); a batch the model fails on is

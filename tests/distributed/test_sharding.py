@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import Tensor, nn
 
+from composer_fn.callbacks import OptimizerMonitor
 from composer_fn.core.random import key
 from composer_fn.data import TensorLoader, synthetic_images
 from composer_fn.models.cnn import SmallCNN
@@ -211,7 +212,29 @@ def _cnn_trainer(rank: int, world: int, **arguments: Any) -> Trainer:
     )
 
 
-def _lm_trainer(rank: int, world: int, **arguments: Any) -> Trainer:
+class _WithUnusedLayer(nn.Module):
+    """A SmallCNN beside a layer its forward never calls: torch.optim leaves it, weight decay and all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.body = SmallCNN(1, 4, width=4)
+        self.spare = nn.Linear(4, 4)
+
+    def forward(self, input: Tensor) -> Tensor:
+        logits: Tensor = self.body(input)
+        return logits
+
+
+def _unused_trainer(rank: int, world: int, **arguments: Any) -> Trainer:
+    loader = TensorLoader(DATA, 8 if world > 1 else 16, seed=5, rank=rank, world_size=world)
+    return Trainer(
+        _WithUnusedLayer(), loader, max_duration="6ba", optimizer=adamw(0.01, weight_decay=0.1), progress_bar=False,
+        **arguments,
+    )  # fmt: skip
+
+
+def _lm_trainer(rank: int, world: int, dropout: float = 0.0, **arguments: Any) -> Trainer:
     from composer_fn.testing.models import tiny_gpt2, token_batches
 
     # Right-padded rows: the processes hold other numbers of labelled tokens.
@@ -220,7 +243,9 @@ def _lm_trainer(rank: int, world: int, **arguments: Any) -> Trainer:
         rows = 4 // world
         batches = [{name: item[rank * rows : (rank + 1) * rows] for name, item in batch.items()} for batch in batches]
     arguments = {"max_duration": "4ba", **arguments}
-    return Trainer(tiny_gpt2(), batches, optimizer=sgd(0.1, momentum=0.9), progress_bar=False, seed=2, **arguments)
+    return Trainer(
+        tiny_gpt2(dropout=dropout), batches, optimizer=sgd(0.1, momentum=0.9), progress_bar=False, seed=2, **arguments
+    )
 
 
 def _trained(trainer: Trainer) -> dict[str, Any]:
@@ -238,6 +263,13 @@ def _ranks(rank: int, root: str) -> dict[str, Any]:
     torch.distributed.init_process_group("gloo")
     results: dict[str, Any] = {"cnn-trainer": _trained(_cnn_trainer(rank, WORLD, parallelism=PublicFSDP()))}
     results["lm-trainer"] = _trained(_lm_trainer(rank, WORLD, parallelism=PublicFSDP()))
+    # The model's own dropout draws from the run's seed, each process as its microbatch of the global batch.
+    results["lm-dropout-trainer"] = _trained(_lm_trainer(rank, WORLD, dropout=0.1, parallelism=PublicFSDP()))
+    results["unused-trainer"] = _trained(_unused_trainer(rank, WORLD, parallelism=PublicFSDP()))
+    try:
+        _cnn_trainer(rank, WORLD, parallelism=PublicFSDP(), callbacks=[OptimizerMonitor()])
+    except ValueError as error:
+        results["refused-norms"] = str(error)
     try:
         _cnn_trainer(rank, WORLD, parallelism=PublicFSDP(), device_train_microbatch_size=4)
     except ValueError as error:
@@ -365,6 +397,8 @@ def test_a_replica_count_that_does_not_divide_the_processes_is_refused(tmp_path:
     [
         ("cnn-trainer", lambda: _cnn_trainer(0, 1, device_train_microbatch_size=8)),
         ("lm-trainer", lambda: _lm_trainer(0, 1)),
+        ("lm-dropout-trainer", lambda: _lm_trainer(0, 1, dropout=0.1, device_train_microbatch_size=2)),
+        ("unused-trainer", lambda: _unused_trainer(0, 1, device_train_microbatch_size=8)),
     ],
 )
 def test_a_sharded_trainer_ends_where_one_process_ends(ranks: list[dict[str, Any]], case: str, reference: Any) -> None:
@@ -385,6 +419,17 @@ def test_a_sharded_trainer_ends_where_one_process_ends(ranks: list[dict[str, Any
 
 def test_a_sharded_trainer_refuses_what_it_does_not_do_yet(ranks: list[dict[str, Any]]) -> None:
     assert "Execution.parallelism=FSDP(" in ranks[0]["refused"] and "Execution.microbatch_size=4" in ranks[0]["refused"]
+    assert "callbacks reading the gradients' norms ['OptimizerMonitor']" in ranks[0]["refused-norms"]
+
+
+def test_a_layer_nothing_calls_is_left_as_it_was_and_dropout_draws_differ_from_a_run_without(
+    ranks: list[dict[str, Any]],
+) -> None:
+    spare = _WithUnusedLayer().spare
+    trained = ranks[0]["unused-trainer"]["params"]
+    assert torch.equal(trained["spare.weight"], spare.weight.detach()) and torch.equal(trained["spare.bias"], spare.bias.detach())
+    plain, dropped = ranks[0]["lm-trainer"]["params"], ranks[0]["lm-dropout-trainer"]["params"]
+    assert any(not torch.allclose(dropped[name], value, atol=1e-4) for name, value in plain.items())
 
 
 def test_a_sharded_trainer_needs_a_process_group() -> None:
