@@ -104,7 +104,7 @@ def _worker(rank: int, world: int, port: int, loop: str, size: str, steps: int, 
         shard_module(model, FSDP(), init_device_mesh("cpu", (world,)))
         params = local_shards(model)
         tx = adamw(1e-4, weight_decay=0.0)
-        state = State(params=params, buffers={}, opt=tx.init(params), algos={}, hparams={}, step=torch.zeros((), dtype=torch.int64), key=key(0))
+        state = State(params=params, buffers=dict(model.named_buffers()), opt=tx.init(params), algos={}, hparams={}, step=torch.zeros((), dtype=torch.int64), key=key(0))
         step = make_sharded_step(model, lambda outputs, batch: outputs.loss, tx, reduce=all_reduce_sum, processes=world, input_key=None)
         for index in range(steps + 1):
             began = time.perf_counter()

@@ -295,6 +295,17 @@ _FOLDER = _checked("a folder (created if missing), not a file", Path, lambda pat
 _FILE = _checked("a file (created if missing), not a folder", Path, lambda path: not path.is_dir())
 
 
+def _deepspeed_file(text: str) -> Path:
+    """Returns the path of a DeepSpeed JSON config whose keys this project maps; the config's own error otherwise."""
+    from composer_fn.trainer.deepspeed import deepspeed_options
+
+    try:
+        deepspeed_options(Path(text))
+    except (ValueError, TypeError) as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return Path(text)
+
+
 def _data_flags(command: argparse.ArgumentParser, omitted: str = "the embedded --task") -> None:
     command.add_argument("--data", default=None, choices=DATA, help=f"a dataset on disk: {', '.join(DATA)} ({omitted} if omitted)")
     command.add_argument(
@@ -361,10 +372,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         train.add_argument("--optimizer", default=None, choices=OPTIMIZERS, help="task default (SGD) if omitted")
         train.add_argument(
             "--precision",
-            default="fp32",
+            default=None,
             choices=("fp32", "bf16-mixed", "fp16-mixed"),
             help="fp32, or autocast to bfloat16 or float16 inside the step (for GPUs: on a CPU without 16-bit "
-            "instructions it is several times slower)",
+            "instructions it is several times slower); --deepspeed's, else fp32, if omitted",
         )
         train.add_argument("--compile", action="store_true", help="compile the step with torch.compile")
         train.add_argument(
@@ -428,6 +439,15 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             action="store_true",
             help="shard the parameters, gradients and optimizer state over the --nproc processes (FSDP; each holds "
             "the whole model if omitted)",
+        )
+        train.add_argument(
+            "--deepspeed",
+            type=_deepspeed_file,
+            default=None,
+            metavar="FILE",
+            help="a DeepSpeed JSON config: its ZeRO stage, bf16/fp16, gradient clipping and batch keys set the run's "
+            "sharding, precision, clipping, batch and microbatch (composer_fn.trainer.deepspeed; none if omitted); "
+            "a flag that disagrees with it is an error",
         )
     profile = commands.choices["profile"]
     profile.add_argument("--steps", type=_POSITIVE_INT, default=5, help="steps recorded, after one skipped and one warm-up")
@@ -503,7 +523,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
 
     from composer_fn.callbacks import LRMonitor, SpeedMonitor
     from composer_fn.loggers import JSONLLogger, Logger
-    from composer_fn.trainer import FSDP, Trainer
+    from composer_fn.trainer import Trainer
     from composer_fn.trainer.distributed import World, environment_world
 
     if args.threads is not None:
@@ -517,6 +537,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
         profiler = Profiler(args.trace_folder, schedule=(1, 1, args.steps, 1))
     started = time.perf_counter()
     world = environment_world() or World()
+    algorithms, execution = _execution(args, algorithms, world.size)
     data = _prepare(args, _wants_unit_range(algorithms), world.size)
     model_name = args.model or data.model
     model = _model(model_name, data, args.seed, args.model_kwargs)
@@ -559,7 +580,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
         schedule=schedule,
         algorithms=algorithms,
         seed=args.seed,
-        precision=args.precision,
+        precision=execution["precision"],
         compile=args.compile,
         loggers=loggers,
         callbacks=callbacks,
@@ -571,9 +592,9 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
         autoresume=args.autoresume,
         progress_bar=not args.no_progress,
         **({"log_interval": args.log_interval} if args.log_interval is not None else {}),
-        device_train_microbatch_size=args.microbatch_size,
+        device_train_microbatch_size=execution["microbatch_size"],
         dist_timeout=args.dist_timeout,
-        parallelism=FSDP() if args.fsdp else None,
+        parallelism=execution["parallelism"],
         profiler=profiler,
     )
     resumed_at = trainer.timestamp.sample  # a resumed run counts only the samples this process trains
@@ -604,6 +625,82 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
     if trainer.compiles:
         print(f"compiled graphs: {trainer.compiles}")
     return 0
+
+
+def _execution(
+    args: argparse.Namespace, algorithms: tuple[Algorithm, ...], world_size: int
+) -> tuple[tuple[Algorithm, ...], dict[str, Any]]:
+    """Returns the run's algorithms and its ``precision``, ``microbatch_size`` and ``parallelism``: the flags', with
+    ``--deepspeed``'s settings applied (the batch too: ``args.batch_size`` becomes the config's where not given).
+
+    Raises naming both where a flag disagrees with the config, and where the config shards a run that has no
+    processes to shard over.
+    """
+    from composer_fn.trainer import FSDP
+
+    execution: dict[str, Any] = {
+        "precision": args.precision or "fp32",
+        "microbatch_size": args.microbatch_size,
+        "parallelism": FSDP() if args.fsdp else None,
+    }
+    if args.deepspeed is None:
+        return algorithms, execution
+    from composer_fn.trainer.deepspeed import deepspeed_options
+    from composer_fn.trainer.distributed import environment_world, grouped
+
+    named = f"--deepspeed {args.deepspeed}"
+    deepspeed = deepspeed_options(args.deepspeed, precision=args.precision)
+    if deepspeed.precision is not None:
+        if args.precision is not None and args.precision != deepspeed.precision:
+            block = deepspeed.precision.split("-")[0]
+            raise ValueError(
+                f"--precision={args.precision} and {named}'s {block}.enabled=true ({deepspeed.precision}) disagree: "
+                "drop one of them"
+            )
+        execution["precision"] = deepspeed.precision
+    if deepspeed.zero_stage is not None:
+        sharding = deepspeed.parallelism
+        if args.fsdp and (sharding is None or not sharding.reshard_after_forward):
+            raise ValueError(
+                f"--fsdp (ZeRO-3: the parameters sharded too) and {named}'s zero_optimization.stage="
+                f"{deepspeed.zero_stage} disagree: drop --fsdp (the config's stage decides), or set the stage to 3"
+            )
+        execution["parallelism"] = sharding
+    if deepspeed.parallelism is not None and environment_world() is None and not grouped():
+        raise ValueError(
+            f"{named}: zero_optimization.stage={deepspeed.zero_stage} shards over the processes of a process group: "
+            "add --nproc N (torchrun launches N processes), or launch with torchrun"
+        )
+    if args.batch_size is not None and deepspeed.train_batch_size not in (None, args.batch_size):
+        raise ValueError(
+            f"--batch-size={args.batch_size} and {named}'s train_batch_size={deepspeed.train_batch_size} disagree (both "
+            "are the global batch): drop one of them"
+        )
+    args.batch_size = args.batch_size or deepspeed.batch_size(world_size) or _source(args)[1]
+    try:
+        microbatch = deepspeed.microbatch_size_for(args.batch_size, world_size)
+    except ValueError as error:
+        raise ValueError(f"{named}: {error}") from None
+    if deepspeed.microbatch_size is not None or deepspeed.gradient_accumulation_steps is not None:
+        per_process = args.batch_size // world_size
+        given = args.microbatch_size
+        if given is not None and (given == "auto" or min(given, per_process) != (microbatch or per_process)):
+            key = "train_micro_batch_size_per_gpu" if deepspeed.microbatch_size is not None else "gradient_accumulation_steps"
+            raise ValueError(
+                f"--microbatch-size={given} and {named}'s {key} (microbatches of {microbatch or per_process} samples of "
+                f"each process's {per_process}) disagree: drop one of them"
+            )
+        execution["microbatch_size"] = microbatch
+    if deepspeed.gradient_clipping is not None:
+        from composer_fn.algorithms import GradientClipping
+
+        if any(algorithm.name == "gradient_clipping" for algorithm in algorithms):
+            raise ValueError(
+                f"the algorithm gradient_clipping and {named}'s gradient_clipping={deepspeed.gradient_clipping:g} both "
+                "clip the gradients: drop one of them"
+            )
+        algorithms = (*algorithms, GradientClipping(clipping_type="norm", clipping_threshold=deepspeed.gradient_clipping))
+    return algorithms, execution
 
 
 def _metadata(data: Prepared, model: str, options: dict[str, object]) -> dict[str, Any]:

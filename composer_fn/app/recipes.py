@@ -26,6 +26,10 @@ recipe first, then this one over it: a field given here replaces the base's, and
 (``[algorithms.ema]`` adds EMA after the base's algorithms, ``[optimizer] learning_rate = 0.2`` changes only the
 learning rate). Bases may have bases; a loop is an error.
 
+``deepspeed = "ds_config.json"`` (a path relative to the recipe's own file, as ``base``) is ``--deepspeed``: a
+DeepSpeed JSON config whose ZeRO stage, precision, gradient clipping and batch keys set the run's
+(``composer_fn.trainer.deepspeed``).
+
 An unknown field or a bad value is an error that names the file, the field and what is accepted.
 """
 
@@ -273,6 +277,9 @@ def _read(file: Path, named: str, chain: tuple[Path, ...]) -> dict[str, Any]:
     name the file (the flag for the recipe given, ``<recipe>: field base`` for a base)."""
     data = read_toml(file, named, RecipeError, "recipes/digits-baseline.toml")
     data = _record_tables_as_fields(Recipe(file, {}), data)
+    if isinstance(data.get("deepspeed"), str) and data["deepspeed"]:
+        # Relative to the file that names it, as ``base`` is (a base's config stays its own).
+        data["deepspeed"] = str(file.parent / data["deepspeed"])
     if "base" not in data:
         return data
     base = data.pop("base")

@@ -84,10 +84,11 @@ def adaptive_clip(clipping_threshold: float, eps: float = 1e-3) -> GradientTrans
 
     def clip(updates: list[Tensor], params: list[Tensor]) -> Sequence[Tensor]:
         update_norms = [unitwise_norm(u) for u in updates]
-        max_norms = [unitwise_norm(p) for p in params]
+        max_norms: list[Tensor] | tuple[Tensor, ...] = [unitwise_norm(p) for p in params]
+        # Out of place: a norm over a sharded tensor is a partial sum, which in-place arithmetic cannot change.
         if eps > 0.0:
-            torch._foreach_clamp_min_(max_norms, eps)
-        torch._foreach_mul_(max_norms, clipping_threshold)
+            max_norms = torch._foreach_clamp_min(max_norms, eps)
+        max_norms = torch._foreach_mul(max_norms, clipping_threshold)
         # Selecting with where (not min(1, m / n)) keeps 0/0 out of the result when a unit's weights and
         # update are both zero, and leaves a unit whose update norm is NaN unscaled, as Composer's
         # nan_to_num does.

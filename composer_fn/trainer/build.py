@@ -145,7 +145,7 @@ def build_run(
         warnings.warn(slow, stacklevel=3)
     world = distributed.setup(device, execution.dist_timeout)
     if execution.parallelism is not None:
-        check_sharded_run(options, checked, distributed.grouped())
+        check_sharded_run(options, checked, distributed.grouped(), model)
     distributed.check_loader(train_dataloader, "train_dataloader", world)
     for argument, loader in loaders[1:]:
         distributed.check_loader(loader, argument, world, evaluation=True)

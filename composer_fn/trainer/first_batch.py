@@ -35,7 +35,7 @@ from composer_fn.trainer.checks import first_line, input_expectation
 from composer_fn.trainer.evaluation import evaluate
 from composer_fn.trainer.evaluator import Evaluator
 from composer_fn.trainer.outputs import causal_shift, keyword_names, logits_of, positions_per_sample
-from composer_fn.trainer.sharding import is_sharded
+from composer_fn.trainer.sharding import is_sharded, sharded_module
 from composer_fn.trainer.step import check_class_targets, make_eval_step
 
 __all__ = [
@@ -123,7 +123,7 @@ def check_targets(setup: SetUp, state: State, timestamp: Timestamp, batch: Any) 
         item(batch, setup.target_key, "target_key", where)
         first = batch_set(batch, key, pytree.tree_map(first_sample, batch_get(batch, key)))
     step = make_eval_step(
-        setup.static, make_plan((), timestamp=timestamp), input_key=setup.input_key, own_tensors=is_sharded(setup.static.module)
+        setup.static, make_plan((), timestamp=timestamp), input_key=setup.input_key, sharded=sharded_module(setup.static.module)
     )
     module = setup.static.module
     training = module.training
@@ -201,7 +201,7 @@ def check_evaluators(
     if not evaluators:
         return
     step = make_eval_step(
-        setup.static, make_plan((), timestamp=timestamp), input_key=setup.input_key, own_tensors=is_sharded(setup.static.module)
+        setup.static, make_plan((), timestamp=timestamp), input_key=setup.input_key, sharded=sharded_module(setup.static.module)
     )
     module = setup.static.module
     training = module.training

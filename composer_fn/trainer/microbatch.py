@@ -131,12 +131,14 @@ def _combine(
     failed: bool = False,
     summing: Summing | None = None,
     units: Tensor | None = None,
+    grads_summed: bool = False,
 ) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor], Tensor]:
     # The global sums divided by the global counts: gradients by samples (``units``: positions) over ``unit``
     # (a full microbatch's, the weights' denominator) and the loss by samples (positions) (an infinite count
     # marks a process that failed its microbatches), statistics by microbatches. The sums are the step's own:
     # divided in place. ``like`` holds the trainable parameters; those that got a gradient on no microbatch of
-    # any process get none (and no update).
+    # any process get none (and no update). With ``grads_summed`` (a sharded module's backward summed them over
+    # the processes) only the rest is summed.
     grads, loss_sum, statistics = sums
     device = loss_sum.device
     count = torch.full((), float("inf") if failed else float(samples), device=device)
@@ -146,6 +148,11 @@ def _combine(
     if summing is None and reduce is None:
         total, divisor, loss = count, positions, loss_sum
         summed, used, mean_statistics = grads, [name for name in like if name in grads], list(statistics.values())
+    elif grads_summed:
+        assert reduce is not None
+        flat = reduce([*statistics.values(), loss_sum, count, parts, positions])
+        total, parts, divisor, loss = flat[-3], flat[-2], flat[-1], flat[-4]
+        summed, used, mean_statistics = grads, [name for name in like if name in grads], flat[: len(statistics)]
     else:
         flat = _flat(sums, like, count, parts, positions)
         flat = summing.result(flat) if summing is not None else reduce(flat)  # type: ignore[misc]
@@ -238,11 +245,14 @@ def microbatched_step(
     units: Callable[[Any], Tensor] | None = None,
     units_scale: float = 1.0,
     reseed: Callable[[int], None] | None = None,
+    grads_summed: bool = False,
 ) -> Callable[[State, Any], tuple[State, dict[str, Tensor]]]:
     """Returns the step of the module docstring from the plain step's pieces: ``begin`` (AFTER_DATALOADER and
     BEFORE_TRAIN_BATCH), ``differentiated`` (the events up to the gradient, and the gradient) and ``finish``
     (the events from AFTER_BACKWARD on and the update). ``reseed(offset)``, where given, is called before each
-    microbatch with its place in the global batch (the model's own draws, ``composer_fn.trainer.randomness``)."""
+    microbatch with its place in the global batch (the model's own draws, ``composer_fn.trainer.randomness``).
+    With ``grads_summed``, the gradients ``differentiated`` gives are summed over the processes already (a sharded
+    module's), and ``reduce`` sums the rest."""
     # Each microbatch's loss is weighted by its samples over a full microbatch's (1 but for a short last one):
     # the summed gradients keep the scale of one microbatch's (what fp16 loss scaling expects). A loss over
     # positions weighs by its positions over a full microbatch's, ``units_scale`` positions per sample.
@@ -293,7 +303,8 @@ def microbatched_step(
             positions = torch.zeros((), device=sums[1].device)
         trainable = _trainable(state.params, frozen)
         grads, loss, averaged, total = _combine(
-            sums, trainable, samples, len(entries), unit, reduce, summing=summing, units=positions
+            sums, trainable, samples, len(entries), unit, reduce, summing=summing, units=positions,
+            grads_summed=grads_summed,
         )
         state = state.replace(buffers={**state.buffers, **averaged})
         captured = tuple(entries)
@@ -303,7 +314,7 @@ def microbatched_step(
         def gradient_fn(params: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
             mean, mean_loss, _, _ = _combine(
                 gradient_sums(params, captured), _trainable(params, frozen), samples, len(captured), unit, reduce,
-                units=counted,
+                units=counted, grads_summed=grads_summed,
             )
             return mean_loss, mean
 

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,27 +29,27 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor, nn
 
-from composer_fn.core import random as R
 from composer_fn.core.algorithm import Algorithm
-from composer_fn.core.state import State, batch_meta
-from composer_fn.nn.keyed import forward_key_names, forward_keys
+from composer_fn.core.engine import make_plan
+from composer_fn.core.state import Precision, State, Static
 from composer_fn.optim.base import GradientTransformation
-from composer_fn.trainer.microbatch import norm_statistics
 from composer_fn.trainer.model import module_with
 from composer_fn.trainer.options import FSDP, Options
-from composer_fn.trainer.outputs import keyword_names, model_inputs
 from composer_fn.trainer.sharded_files import read_shards
-from composer_fn.trainer.step import StepFn, optimize
+from composer_fn.trainer.step import StepFn, make_train_step
 
 __all__ = [
     "FSDP",
     "check_sharded_run",
+    "SHARDING_REFUSES",
     "device_mesh",
     "shard_units",
     "shard_module",
     "local_shards",
     "is_sharded",
     "gathered_module",
+    "ShardedModule",
+    "sharded_module",
     "make_sharded_step",
     "shards_tree",
     "reading_tree",
@@ -60,10 +59,10 @@ __all__ = [
 ]
 
 
-def check_sharded_run(options: Options, algorithms: Sequence[Algorithm], grouped: bool) -> None:
-    """Raises ValueError, naming the option, for what a sharded run (``options.execution.parallelism``) does not do
-    yet: no process group (``grouped``), algorithms, microbatches, a compiled or ``func``-mode step, fp16 loss
-    scaling, callbacks that read the gradients' norms (the sharded step does not report them)."""
+def check_sharded_run(options: Options, algorithms: Sequence[Algorithm], grouped: bool, model: nn.Module) -> None:
+    """Raises ValueError, naming the option, for what a sharded run (``options.execution.parallelism``) of ``model``
+    does not do: no process group (``grouped``), a compiled or ``func``-mode step, callbacks that read the gradients'
+    norms (the sharded step does not report them), and the algorithms ``SHARDING_REFUSES`` refuses on the model."""
     execution = options.execution
     given = f"Execution.parallelism={execution.parallelism!r}"
     if not grouped:
@@ -71,12 +70,16 @@ def check_sharded_run(options: Options, algorithms: Sequence[Algorithm], grouped
             f"{given} shards over the processes of a process group: launch with torchrun (composer-fn train --nproc "
             "N), or initialise torch.distributed first"
         )
+    for algorithm in algorithms:
+        refuses, reason = SHARDING_REFUSES.get(algorithm.name, (None, ""))
+        if refuses is not None and refuses(algorithm, model):
+            raise ValueError(
+                f"{given} does not run {type(model).__name__} with algorithm {algorithm.name!r}: {reason}; train it "
+                "unsharded, or without it"
+            )
     refused = [
-        (bool(algorithms), f"algorithms={[a.name for a in algorithms]}"),
-        (execution.microbatch_size is not None, f"Execution.microbatch_size={execution.microbatch_size!r}"),
         (execution.compile is not None, f"Execution.compile={execution.compile!r}"),
         (execution.grad_mode == "func", "Execution.grad_mode='func'"),
-        (execution.precision == "fp16-mixed", "Execution.precision='fp16-mixed'"),
         (
             any(callback.step_norms for callback in options.reporting.callbacks),
             f"callbacks reading the gradients' norms {[type(c).__name__ for c in options.reporting.callbacks if c.step_norms]}",
@@ -85,9 +88,35 @@ def check_sharded_run(options: Options, algorithms: Sequence[Algorithm], grouped
     named = [name for refuse, name in refused if refuse]
     if named:
         raise ValueError(
-            f"{given} does not run with {', '.join(named)} yet: a sharded run trains eagerly with one microbatch a "
-            "process, without algorithms; leave those out, or train unsharded"
+            f"{given} does not run with {', '.join(named)} yet: a sharded run trains eagerly, by torch's backward "
+            "through the sharded module, and reports no gradient norms; leave those out, or train unsharded"
         )
+
+
+def _has_batchnorm(algorithm: Algorithm, model: nn.Module) -> bool:
+    return any(isinstance(part, nn.modules.batchnorm._BatchNorm) for part in model.modules())
+
+
+def _drops_blocks(algorithm: Algorithm, model: nn.Module) -> bool:
+    rewrites = algorithm.capabilities().rewrites
+    return getattr(algorithm, "stochastic_method", None) == "block" and rewrites is not None and bool(rewrites(model))
+
+
+SHARDING_REFUSES: dict[str, tuple[Callable[[Algorithm, nn.Module], bool], str]] = {
+    "swa": (
+        _has_batchnorm,
+        "at its end SWA recomputes the BatchNorm statistics of the averaged weights by running the whole model, "
+        "unsharded, on the training data",
+    ),
+    "stochastic_depth": (
+        _drops_blocks,
+        "stochastic_method='block' skips a dropped block's forward, on some processes and not others, while a "
+        "sharded block's parameters are gathered and its gradients reduced by every process together; "
+        "stochastic_method='sample' runs sharded",
+    ),
+}
+"""The algorithms a sharded run refuses, by name: with which settings on which models (``refuses(algorithm,
+model)``), and why. Every other method runs sharded as it runs on one process (``benchmarks/sharded_methods.py``)."""
 
 
 def device_mesh(options: FSDP, world_size: int, device_type: str) -> Any:
@@ -157,6 +186,7 @@ def _shares_outside(module: nn.Module, unit: nn.Module) -> bool:
 
 _STRUCTURES: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
 """Each sharded module's structure as it was before sharding, on the meta device (``gathered_module``)."""
+_SHARDED: weakref.WeakKeyDictionary[nn.Module, ShardedModule] = weakref.WeakKeyDictionary()
 
 
 def shard_module(module: nn.Module, options: FSDP, mesh: Any) -> nn.Module:
@@ -164,7 +194,7 @@ def shard_module(module: nn.Module, options: FSDP, mesh: Any) -> nn.Module:
     unit (with activation checkpointing first, when asked), then on the whole. Its structure before sharding is
     kept, without its tensors, for ``gathered_module``."""
     from torch.distributed._composable import checkpoint
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import FSDPModule, fully_shard
 
     structure = _on_meta(module)
     policy = options.mixed_precision()
@@ -173,20 +203,30 @@ def shard_module(module: nn.Module, options: FSDP, mesh: Any) -> nn.Module:
             checkpoint(unit)
         fully_shard(unit, mesh=mesh, reshard_after_forward=options.reshard_after_forward, mp_policy=policy)
     fully_shard(module, mesh=mesh, reshard_after_forward=options.reshard_after_forward, mp_policy=policy)
+    for part in module.modules():
+        if isinstance(part, FSDPModule):
+            # The reduction sums the processes' gradients (a plain sum, which every backend has): the step divides
+            # by the global batch's count.
+            part.set_gradient_divide_factor(1.0)
+            part.set_force_sum_reduction_for_comms(True)
     _STRUCTURES[module] = structure
+    _SHARDED[module] = ShardedModule(module)
     return module
 
 
 def is_sharded(module: nn.Module) -> bool:
     """Returns whether ``module`` was sharded by ``shard_module``."""
-    return module in _STRUCTURES
+    return module in _SHARDED
 
 
-def gathered_module(module: nn.Module) -> nn.Module:
+def gathered_module(module: nn.Module, state: State | None = None) -> nn.Module:
     """Returns a new, unsharded module of a ``shard_module``-ed ``module``'s structure holding its whole parameters
-    (gathered from every process: each must call it) and buffers, in eval mode; ties stay ties."""
-    params = {name: _whole(p) for name, p in module.named_parameters()}
-    return module_with(_STRUCTURES[module], params, dict(module.named_buffers()))
+    (gathered from every process: each must call it) and buffers, in eval mode; ties stay ties. With ``state``, the
+    parameters (local shards) and buffers are the state's, else the module's own."""
+    sharded = _SHARDED[module]
+    params = sharded.global_view(state.params) if state is not None else sharded.parameters
+    buffers = state.buffers if state is not None else dict(module.named_buffers())
+    return module_with(_STRUCTURES[module], {name: _whole(p) for name, p in params.items()}, dict(buffers))
 
 
 def _whole(tensor: Tensor) -> Tensor:
@@ -224,7 +264,97 @@ def local_shards(module: nn.Module) -> dict[str, Tensor]:
 
 
 def _local(tensor: Tensor) -> Tensor:
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    # Detached: the same storage, without the view's autograd history (which in-place updates would trip).
+    return tensor.to_local().detach() if hasattr(tensor, "to_local") else tensor
+
+
+class ShardedModule:
+    """A ``shard_module``-ed module as the training and evaluation steps use it (``step.Sharded``): the step's
+    parameters are this process's shards, the very storage of the module's DTensor parameters (``own``).
+
+    Hooks from AFTER_BACKWARD to AFTER_TRAIN_BATCH see the parameters and gradients as DTensors
+    (``global_view``), so that what they compute over every element (a global norm: gradient clipping, SAM) is
+    computed over the whole tensors, each process holding its part.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.parameters: dict[str, Any] = dict(module.named_parameters())  # DTensors
+        self.own = local_shards(module)
+
+    @contextlib.contextmanager
+    def holding(self, params: Mapping[str, Tensor]) -> Iterator[None]:
+        """Runs the block with the module's parameters holding ``params`` (local shards or DTensors): those that
+        are not its own storage are copied into it, and the values it held are put back after."""
+        given = self.local_view(params)
+        moved = [name for name, tensor in given.items() if tensor is not self.own[name]]
+        if not moved:
+            yield
+            return
+        kept = {name: self.own[name].clone() for name in moved}
+        try:
+            with torch.no_grad():
+                for name in moved:
+                    self.own[name].copy_(given[name])
+            yield
+        finally:
+            with torch.no_grad():
+                for name, value in kept.items():
+                    self.own[name].copy_(value)
+
+    def bind(self, params: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Returns the module's own storage after writing into it the values of ``params`` that it does not hold
+        (a state whose parameters were swapped: EMA's average around an evaluation)."""
+        given = self.local_view(params)
+        with torch.no_grad():
+            for name, tensor in given.items():
+                if tensor is not self.own[name]:
+                    self.own[name].copy_(tensor)
+        return {**given, **self.own}
+
+    def backward(self, objective: Tensor) -> dict[str, Tensor]:
+        """Returns the local shards of the gradients of ``objective`` summed over the processes (``fully_shard``'s
+        reduce-scatter, in the backward), taking them off the parameters: those it reached, as ``torch.optim``
+        updates those whose ``.grad`` is set."""
+        objective.backward()
+        grads = {}
+        for name, parameter in self.parameters.items():
+            if parameter.grad is not None:
+                grads[name] = _local(parameter.grad)
+                parameter.grad = None
+        return grads
+
+    def global_view(self, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Returns ``tensors`` (local shards by parameter name) as DTensors of their parameters' layouts, sharing
+        their storage."""
+        from torch.distributed.tensor import DTensor
+
+        def view(name: str, local: Tensor) -> Tensor:
+            whole = self.parameters.get(name)
+            if whole is None or isinstance(local, DTensor):
+                return local
+            return DTensor.from_local(
+                local, whole.device_mesh, whole.placements, run_check=False, shape=whole.shape, stride=whole.stride()
+            )
+
+        return {name: view(name, tensor) for name, tensor in tensors.items()}
+
+    def local_view(self, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Returns ``tensors`` with each DTensor as this process's shard."""
+        return {name: _local(tensor) for name, tensor in tensors.items()}
+
+    def everywhere(self, flag: Tensor) -> Tensor:
+        """Returns whether the 0-d bool ``flag`` holds on every process (each must call it)."""
+        import torch.distributed as dist
+
+        failed = (~flag).to(torch.float32).reshape(1)
+        dist.all_reduce(failed)
+        return failed[0] == 0
+
+
+def sharded_module(module: nn.Module) -> ShardedModule | None:
+    """Returns the ``ShardedModule`` of a ``shard_module``-ed ``module``, None for another module."""
+    return _SHARDED.get(module)
 
 
 def make_sharded_step(
@@ -236,59 +366,24 @@ def make_sharded_step(
     processes: int,
     input_key: int | str | None = 0,
     count: Callable[[Any], Tensor] | None = None,
-    precision: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    precision: Precision = "fp32",
+    first_sample: int = 0,
 ) -> StepFn:
-    """Returns the eager step ``(state, batch) -> (state, {"loss": loss})`` of a ``shard_module``-ed module, one of
-    ``processes`` whose sums ``reduce`` takes (``distributed.all_reduce_sum``).
+    """Returns the eager step ``(state, batch) -> (state, {"loss": loss, "samples": n})`` of a ``shard_module``-ed
+    module, one of ``processes`` whose sums ``reduce`` takes (``distributed.all_reduce_sum``), without algorithms:
+    ``make_train_step``'s, its gradient torch's backward through the sharded module (see the module docstring).
 
-    ``state.params`` are the module's local shards (``local_shards``). The step runs the module on the batch's
-    input (``batch[input_key]``; with ``input_key=None`` a mapping batch's items the forward names, as keywords) and
-    ``loss_fn`` under ``precision()``, the model's keyed layers drawing from ``fold_in(state.key, state.step)``. Its
-    loss is weighted by this process's share of what the global batch's loss averages over (``count(batch)``: the
-    default loss's labelled positions; else the samples), and the backward reduces the gradients over the processes:
-    the gradient is the global batch's. Then ``tx``'s update runs in place on the shards of the parameters that got
-    a gradient (as ``torch.optim`` skips a ``.grad`` of None). The loss returned is the global batch's, and
-    BatchNorm's running statistics are the mean of the processes' (a one-process run's microbatches keep theirs).
+    ``state.params`` are the module's local shards (``local_shards``). The loss counts by this process's share of
+    what the global batch's loss averages over (``count(batch)``: the default loss's labelled positions; else the
+    samples, this process's first at ``first_sample``); the loss returned is the global batch's.
     """
-    parameters = dict(module.named_parameters())
-    update = functools.partial(optimize, tx, donate=True)
-    accepted = keyword_names(module) if input_key is None else None
-    keyed = forward_key_names(module)
-    statistics = [module.get_buffer(name) for name in norm_statistics(module)]
-
-    def step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
-        stored = {name: module.get_buffer(name) for name in keyed}
-        kept = {name: buffer.clone() for name, buffer in stored.items()}
-        try:
-            for name, key in forward_keys(keyed, R.fold_in(state.key, state.step)).items() if keyed else ():
-                stored[name].copy_(key)
-            given = model_inputs(batch, input_key, accepted)
-            with precision():
-                outputs = module(**given) if input_key is None and isinstance(given, Mapping) else module(given)
-                loss = loss_fn(outputs, batch)
-            share = count(batch) if count is not None else torch.tensor(float(batch_meta(batch, input_key).batch_size))
-            share = share.to(loss.device, torch.float32)
-            sums = reduce([torch.stack([share, loss.detach().float() * share]), *(b.detach() for b in statistics)])
-            total, summed = sums[0]
-            # The reduction averages over the processes: each loss counts by its share times their number.
-            (loss * (share * processes / total)).backward()
-            # BatchNorm's statistics: each process updated them from its batch in the forward (the backward reads
-            # them, and a recomputed forward updates them again); the step keeps their mean, as the one-process
-            # run's microbatches do.
-            for buffer, whole in zip(statistics, sums[1:], strict=True):
-                buffer.copy_(whole / processes)
-        finally:
-            for name, value in kept.items():
-                stored[name].copy_(value)
-        grads = {}
-        for name, parameter in parameters.items():
-            if parameter.grad is not None:
-                grads[name] = _local(parameter.grad)
-                parameter.grad = None
-        params, opt = update(grads, state.opt, state.params)
-        return state.replace(params=params, opt=opt, step=state.step + 1), {"loss": summed / total}
-
-    return step
+    device = next(iter(module.parameters())).device
+    static = Static(module=module, precision=precision, device=device)
+    plan = make_plan(())
+    return make_train_step(
+        static, plan, loss_fn, tx, input_key=input_key, donate=True, first_sample=first_sample, reduce=reduce,
+        loss_units=count, sharded=sharded_module(module),
+    )  # fmt: skip
 
 
 def shards_tree(state: State, module: nn.Module | None, *, weights_only: bool = False) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import contextlib
 import functools
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -71,11 +71,42 @@ __all__ = [
     "precision_context",
     "StepFn",
     "GradMode",
+    "Sharded",
 ]
 
 StepFn = Callable[[State, Any], tuple[State, dict[str, Tensor]]]
 GradMode = Literal["autograd", "func"]
 GRAD_MODES: tuple[str, ...] = ("autograd", "func")
+
+
+class Sharded(Protocol):
+    """A module sharded over the processes (``composer_fn.trainer.sharding.ShardedModule``): its step runs the module
+    itself, whose parameters are the state's (this process's shards), and torch's backward, which sums each
+    gradient over the processes into this process's shard."""
+
+    def holding(self, params: Mapping[str, Tensor]) -> contextlib.AbstractContextManager[None]:
+        """Runs a block with the module's parameters holding ``params``."""
+        ...
+
+    def bind(self, params: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Returns the module's own parameters after writing ``params``' values into them."""
+        ...
+
+    def backward(self, objective: Tensor) -> dict[str, Tensor]:
+        """Returns this process's shards of the gradients of ``objective``, summed over the processes."""
+        ...
+
+    def global_view(self, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Returns shards by parameter name as DTensors of the whole parameters."""
+        ...
+
+    def local_view(self, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Returns DTensors by parameter name as this process's shards."""
+        ...
+
+    def everywhere(self, flag: Tensor) -> Tensor:
+        """Returns whether ``flag`` holds on every process."""
+        ...
 
 
 def class_last(outputs: Tensor, target: Tensor) -> bool:
@@ -172,6 +203,7 @@ def _forward(
     autocast: Callable[[], contextlib.AbstractContextManager[Any]],
     slots: ModuleSlots | None,
     keywords: bool,
+    sharded: bool,
     params: Mapping[str, Tensor],
     buffers: Mapping[str, Tensor],
     input: Tensor,
@@ -179,7 +211,8 @@ def _forward(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     # The forward writes BatchNorm statistics into the buffers it is given: hand it copies and return them.
     # Random layers read this forward's keys; the returned buffers keep the stored ones. With ``keywords``, a
-    # mapping input holds the model's keyword arguments.
+    # mapping input holds the model's keyword arguments. A sharded module computes with its own parameters (the
+    # caller makes them ``params``).
     keywords = keywords and isinstance(input, Mapping)
     new_buffers = {name: b.clone() for name, b in buffers.items()}
     given = {**new_buffers, **keys} if keys else new_buffers
@@ -188,7 +221,7 @@ def _forward(
             args, kwargs = ((), dict(input)) if keywords else ((input,), None)
             outputs = functional_call(static.module, (dict(params), given), args, kwargs)
         else:
-            outputs = slots({**params, **given}, input, keywords)
+            outputs = slots(given if sharded else {**params, **given}, input, keywords)
     return outputs, new_buffers
 
 
@@ -213,6 +246,7 @@ def make_train_step(
     loss_units: Callable[[Any], Tensor] | None = None,
     units_scale: float = 1.0,
     reseed: Callable[[int], None] | None = None,
+    sharded: Sharded | None = None,
 ) -> StepFn:
     """Returns the training step: the plan's traced events around a functional gradient and ``tx``'s update.
 
@@ -264,20 +298,29 @@ def make_train_step(
     skipped. ``reseed(offset)`` (microbatched eager steps) is called before each microbatch with its first
     sample's place in the global batch, where the trainer seeds the model's own random layers
     (``composer_fn.trainer.randomness``).
+
+    With ``sharded`` (a module sharded over the processes, with ``reduce``), the state's parameters are this
+    process's shards of the module's own: each microbatch runs the module itself and torch's backward, which sums
+    its gradient over the processes into this process's shard (``Sharded.backward``); ``reduce`` sums the rest
+    (counts, loss, statistics). Hooks from AFTER_BACKWARD to AFTER_TRAIN_BATCH see the parameters and gradients
+    as DTensors, so that a norm over every element is the whole tensors' (``gradient_fn`` takes and gives them so
+    too); a step with a non-finite gradient on any process is skipped on all. A state whose parameters are not
+    the module's (swapped for an evaluation) has their values written into the module's first.
     """
     if grad_mode not in GRAD_MODES:
         raise ValueError(f"grad_mode={grad_mode!r} must be one of {', '.join(GRAD_MODES)}")
-    static = static.replace(module=settle_loss_function(static.module))
+    if sharded is None:  # a sharded module's was settled before it was sharded
+        static = static.replace(module=settle_loss_function(static.module))
     # The precision is settled here, once: the traced code only enters its autocast.
     precision = Precision.of(static.precision, static.device)
     scaler = loss_scale if loss_scale is not None else precision.loss_scale()
     slots = ModuleSlots(static.module) if grad_mode == "autograd" else None
     key_names = forward_key_names(static.module)
-    forward_with = functools.partial(_forward, static, precision.autocast, slots, input_key is None)
+    forward_with = functools.partial(_forward, static, precision.autocast, slots, input_key is None, sharded is not None)
     accepted = keyword_names(static.module) if input_key is None else None
     model_input = functools.partial(model_inputs, input_key=input_key, accepted=accepted)
     update = functools.partial(optimize, tx, donate=donate)
-    microbatched = microbatch_size is not None or reduce is not None
+    microbatched = microbatch_size is not None or reduce is not None or sharded is not None
     if grad_mode == "autograd" and not plan.hooks and not microbatched and not norms:
         return make_plain_step(
             forward_with,
@@ -326,7 +369,8 @@ def make_train_step(
         def forward(params: Mapping[str, Tensor], buffers: Mapping[str, Tensor], input: Any) -> tuple[Any, dict[str, Tensor]]:
             # A mapping (a batch given as keyword arguments) keeps the items the model takes, as the step's does.
             given = model_inputs(input, None, accepted) if input_key is None and isinstance(input, Mapping) else input
-            return forward_with(params, buffers, given, keys)
+            with sharded.holding(params) if sharded is not None else contextlib.nullcontext():
+                return forward_with(params, buffers, given, keys)
 
         return forward
 
@@ -340,6 +384,17 @@ def make_train_step(
         # Frozen parameters enter as constants: autograd computes no gradient for them (nor, when every layer
         # before a point is frozen, any backward there). ``ready(name, grad)`` (autograd, no loss scaling) is
         # called as each gradient is computed, from the backward.
+        if sharded is not None:
+            # The module's own parameters, holding ``params``, through the forward and the backward.
+            with torch.enable_grad(), sharded.holding(params):
+                objective, aux = split_loss_and_aux({}, params, state, ctx, weight)
+                summed = sharded.backward(objective)
+            grads = {name: g for name, g in summed.items() if name not in frozen}
+            if scaler is not None:
+                grads = scaler.unscale(grads, state.hparams)
+            loss = aux[1].loss
+            assert loss is not None
+            return loss, grads, aux
         trainable = {n: p for n, p in params.items() if n not in frozen}
         fixed = {n: p.detach() for n, p in params.items() if n in frozen}
         if grad_mode == "func":
@@ -389,11 +444,16 @@ def make_train_step(
     def finish(state: State, ctx: StepCtx, finite: Tensor | None = None) -> tuple[State, dict[str, Tensor]]:
         # AFTER_BACKWARD to AFTER_OPTIMIZER_STEP, once a step, on the step's gradient in ``ctx``.
         ctx = ctx.replace(outputs=_detach(ctx.outputs))
-        state, ctx = run_event(Event.AFTER_BACKWARD, plan, state, ctx)
-        state, ctx = run_event(Event.AFTER_TRAIN_BATCH, plan, state, ctx)
+        if sharded is not None and (plan.hooks.get(Event.AFTER_BACKWARD) or plan.hooks.get(Event.AFTER_TRAIN_BATCH)):
+            state, ctx = _gradient_events(plan, state, ctx, sharded)
+        else:
+            state, ctx = run_event(Event.AFTER_BACKWARD, plan, state, ctx)
+            state, ctx = run_event(Event.AFTER_TRAIN_BATCH, plan, state, ctx)
         assert ctx.grads is not None
         if scaler is not None:
             finite = scaler.finite(ctx.grads) if finite is None else finite & scaler.finite(ctx.grads)
+            if sharded is not None:
+                finite = sharded.everywhere(finite)
         before = {name: state.params[name].detach().clone() for name in ctx.grads} if norms else {}
         params, opt = update(ctx.grads, state.opt, state.params, finite)
         state = state.replace(params=params, opt=opt, step=state.step + 1)
@@ -407,7 +467,7 @@ def make_train_step(
         return state, {"loss": ctx.loss, **_norms(ctx.grads, before, state.params)}
 
     if microbatched:
-        return microbatched_step(
+        step = microbatched_step(
             begin,
             differentiated,
             finish,
@@ -423,7 +483,9 @@ def make_train_step(
             units=loss_units,
             units_scale=units_scale,
             reseed=reseed,
+            grads_summed=sharded is not None,
         )
+        return step if sharded is None else _bound(step, sharded)
 
     def train_step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
         state, ctx = begin(state, _step_key(state, keyed), batch)
@@ -433,6 +495,33 @@ def make_train_step(
         return finish(state, ctx)
 
     return train_step
+
+
+def _gradient_events(plan: Plan, state: State, ctx: StepCtx, sharded: Sharded) -> tuple[State, StepCtx]:
+    # AFTER_BACKWARD and AFTER_TRAIN_BATCH of a sharded step, whose hooks see the parameters and gradients as
+    # DTensors (and ``gradient_fn`` takes and gives them so): a norm over every element is the whole tensors'.
+    inner = ctx.gradient_fn
+    assert inner is not None and ctx.grads is not None
+
+    def gradient_fn(params: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        loss, grads = inner(sharded.local_view(params))
+        return loss, sharded.global_view(grads)
+
+    local = state.params
+    state = state.replace(params=sharded.global_view(local))
+    ctx = ctx.replace(grads=sharded.global_view(ctx.grads), gradient_fn=gradient_fn)
+    state, ctx = run_event(Event.AFTER_BACKWARD, plan, state, ctx)
+    state, ctx = run_event(Event.AFTER_TRAIN_BATCH, plan, state, ctx)
+    assert ctx.grads is not None
+    return state.replace(params=local), ctx.replace(grads=sharded.local_view(ctx.grads), gradient_fn=inner)
+
+
+def _bound(step: StepFn, sharded: Sharded) -> StepFn:
+    # A sharded step on a state whose parameters are the module's own (their values written there first).
+    def bound_step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
+        return step(state.replace(params=sharded.bind(state.params)), batch)
+
+    return bound_step
 
 
 def _norms(grads: Mapping[str, Tensor], before: Mapping[str, Tensor], after: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -583,15 +672,16 @@ def _detach(outputs: Any) -> Any:
 
 
 def make_eval_step(
-    static: Static, plan: Plan, *, input_key: int | str | None = 0, predict: bool = False, own_tensors: bool = False
+    static: Static, plan: Plan, *, input_key: int | str | None = 0, predict: bool = False, sharded: Sharded | None = None
 ) -> Callable[[State, Any], Tensor]:
     """Returns the evaluation step ``(state, batch) -> outputs`` running EVAL_BEFORE/AFTER_FORWARD around it
     (with ``predict``, PREDICT_BEFORE/AFTER_FORWARD).
 
     The module's train/eval mode is the caller's (the trainer puts it in eval mode first). The model is called
     as in ``make_train_step`` (keyword arguments from a mapping batch with ``input_key=None``), with the state's
-    tensors; with ``own_tensors`` (a sharded module, whose parameters are the state's) as it is.
+    tensors (a ``sharded`` module's own parameters holding the state's).
     """
+    slots = ModuleSlots(static.module) if sharded is not None else None
     accepted = keyword_names(static.module) if input_key is None else None
     autocast = Precision.of(static.precision, static.device).autocast
     keyed = bool(plan.hooks)
@@ -607,8 +697,9 @@ def make_eval_step(
         inputs = model_inputs(ctx.batch, input_key, accepted)
         args, kwargs = ((), dict(inputs)) if input_key is None and isinstance(inputs, Mapping) else ((inputs,), None)
         with torch.no_grad(), autocast():
-            if own_tensors:
-                outputs = static.module(*args, **(kwargs or {}))
+            if sharded is not None and slots is not None:
+                with sharded.holding(state.params):
+                    outputs = slots(dict(state.buffers), args[0] if args else kwargs, keywords=not args)
             else:
                 outputs = functional_call(static.module, (dict(state.params), dict(state.buffers)), args, kwargs)
         state, ctx = run_event(after, plan, state, ctx.replace(outputs=outputs))

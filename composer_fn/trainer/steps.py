@@ -20,8 +20,7 @@ from composer_fn.optim.base import GradientTransformation
 from composer_fn.trainer import distributed
 from composer_fn.trainer.microbatch import Cut, split_batch
 from composer_fn.trainer.options import Execution
-from composer_fn.trainer.precision import Precision
-from composer_fn.trainer.sharding import is_sharded, make_sharded_step
+from composer_fn.trainer.sharding import sharded_module
 from composer_fn.trainer.step import (
     GradMode,
     StepFn,
@@ -111,17 +110,8 @@ class StepBuilder:
         ``backend`` when the spec has a ``compile`` backend. ``unused`` names the parameters the loss does not reach
         (a ``func``-mode step cannot tell them from ones with a zero gradient): they are left as frozen ones are."""
         summed = spec.processes > 1
-        if spec.sharded:
-            return make_sharded_step(
-                spec.static.module,
-                self.loss_fn,
-                self.tx,
-                reduce=distributed.all_reduce_sum,
-                processes=spec.processes,
-                input_key=self.input_key,
-                count=self.loss_units,
-                precision=Precision.of(spec.static.precision, spec.static.device).autocast,
-            )
+        # A sharded module's backward sums its gradients over the processes as it computes them.
+        overlap = distributed.Summation if summed and not spec.sharded else None
         step = make_train_step(
             spec.static,
             plan,
@@ -135,12 +125,13 @@ class StepBuilder:
             microbatch_size=spec.microbatch_size,
             first_sample=spec.first_sample,
             reduce=distributed.all_reduce_sum if summed else None,
-            overlap=distributed.Summation if summed else None,
+            overlap=overlap,
             guard_failures=spec.guard_failures,
             norms=spec.norms,
             loss_units=self.loss_units,
             units_scale=spec.units_scale,
             reseed=self.reseed if spec.reseed else None,
+            sharded=sharded_module(spec.static.module) if spec.sharded else None,
         )
         if spec.compile is not None:
             step = compile_step(step, backend if backend is not None else spec.compile)
@@ -197,7 +188,7 @@ class StepCache:
         step = self._eval.get(key)
         if step is None:
             step = make_eval_step(
-                static, plan, input_key=self.builder.input_key, predict=predict, own_tensors=is_sharded(static.module)
+                static, plan, input_key=self.builder.input_key, predict=predict, sharded=sharded_module(static.module)
             )
             if compile is not None:
                 step = compile_step(step, self._counting(compile))

@@ -693,7 +693,7 @@ class Trainer(RunAttributes):
         call builds a new module from the current state; the trainer and the ``model`` it was given are left as
         they are. A sharded run (``FSDP``) gathers the whole weights from every process: each must call it.
         """
-        if is_sharded(self.static.module):  # gathered from every process: each calls it
-            return gathered_module(self.static.module)
         state = evaluation_state(self.algorithms, self.static, self.state, self.timestamp, self.passes)
+        if is_sharded(self.static.module):  # gathered from every process: each calls it
+            return gathered_module(self.static.module, state)
         return module_with(self.static.module, state.params, state.buffers)

@@ -30,8 +30,8 @@ def test_two_processes_by_torchrun_print_the_metrics_of_one_process_with_two_mic
 
 
 def test_two_sharded_processes_by_torchrun_print_the_metrics_of_one_process_with_two_microbatches() -> None:
-    two = _train("--nproc", "2", "--fsdp", algorithms="")
-    one = _train("--microbatch-size", "32", "--threads", "1", algorithms="")
+    two = _train("--nproc", "2", "--fsdp")
+    one = _train("--microbatch-size", "32", "--threads", "1")
     assert len(two) == 1
     assert two == one
 

@@ -14,6 +14,16 @@ import torch.nn.functional as F
 import torchvision
 from torch import Tensor, nn
 
+from composer_fn.algorithms import (
+    EMA,
+    SAM,
+    SWA,
+    BlurPool,
+    GradientClipping,
+    LayerFreezing,
+    MixUp,
+    SelectiveBackprop,
+)
 from composer_fn.callbacks import OptimizerMonitor
 from composer_fn.core.random import key
 from composer_fn.data import TensorLoader, synthetic_images
@@ -133,7 +143,7 @@ def _ours(case: str, optimizer: str, rank: int, options: FSDP) -> tuple[dict[str
     from composer_fn.core.random import key
     from composer_fn.core.state import State
 
-    state = State(params=params, buffers={}, opt=tx.init(params), algos={}, hparams={}, step=torch.zeros((), dtype=torch.int64), key=key(0))
+    state = State(params=params, buffers=dict(model.named_buffers()), opt=tx.init(params), algos={}, hparams={}, step=torch.zeros((), dtype=torch.int64), key=key(0))
     keywords = CASES[case][2]
     step = make_sharded_step(
         model,
@@ -248,6 +258,20 @@ def _lm_trainer(rank: int, world: int, dropout: float = 0.0, **arguments: Any) -
     )
 
 
+def _lm_methods() -> list[Any]:
+    # Global norms (clipping, SAM's perturbation) over every process's shards, a loss closure run again through the
+    # sharded module, an average of shards, and layers frozen after the first epoch.
+    return [GradientClipping("norm", 0.5), SAM(rho=0.1), EMA(half_life="2ba"), LayerFreezing(freeze_start=0.0, freeze_level=0.5)]
+
+
+def _cnn_methods() -> list[Any]:
+    # A surgery before sharding, mixed batches, a scoring forward that picks samples, unit-wise clipping.
+    return [
+        BlurPool(min_channels=1), MixUp(), SelectiveBackprop(start=0.0, end=1.0, keep=0.5, interrupt=0),
+        GradientClipping("adaptive", 0.05),
+    ]  # fmt: skip
+
+
 def _trained(trainer: Trainer) -> dict[str, Any]:
     trainer.fit()
     model = trainer.model
@@ -271,9 +295,19 @@ def _ranks(rank: int, root: str) -> dict[str, Any]:
     except ValueError as error:
         results["refused-norms"] = str(error)
     try:
-        _cnn_trainer(rank, WORLD, parallelism=PublicFSDP(), device_train_microbatch_size=4)
+        _cnn_trainer(rank, WORLD, parallelism=PublicFSDP(), compile="aot_eager")
     except ValueError as error:
         results["refused"] = str(error)
+    try:
+        _cnn_trainer(rank, WORLD, parallelism=PublicFSDP(), algorithms=[SWA()])
+    except ValueError as error:
+        results["refused-swa"] = str(error)
+    # Methods under sharding, with microbatches: what one process with the processes' microbatches trains.
+    lm_methods = {"algorithms": _lm_methods(), "device_train_microbatch_size": 1, "max_duration": "8ba"}
+    results["lm-methods"] = _trained(_lm_trainer(rank, WORLD, parallelism=PublicFSDP(), **lm_methods))
+    results["cnn-methods"] = _trained(_cnn_trainer(rank, WORLD, parallelism=PublicFSDP(), algorithms=_cnn_methods()))
+    # fp16 loss scaling: a step skipped for a gradient that is not finite on one process is skipped on all.
+    results["lm-fp16"] = _trained(_lm_trainer(rank, WORLD, parallelism=PublicFSDP(), precision="fp16-mixed"))
     # Checkpoints: every process writes its shards of the run at batches 2 and 4; a run resumed from batch 2, at two
     # processes here and at one in the test, continues as the uninterrupted one.
     folder = Path(root) / "sharded"
@@ -399,6 +433,12 @@ def test_a_replica_count_that_does_not_divide_the_processes_is_refused(tmp_path:
         ("lm-trainer", lambda: _lm_trainer(0, 1)),
         ("lm-dropout-trainer", lambda: _lm_trainer(0, 1, dropout=0.1, device_train_microbatch_size=2)),
         ("unused-trainer", lambda: _unused_trainer(0, 1, device_train_microbatch_size=8)),
+        (
+            "lm-methods",
+            lambda: _lm_trainer(0, 1, algorithms=_lm_methods(), device_train_microbatch_size=1, max_duration="8ba"),
+        ),
+        ("cnn-methods", lambda: _cnn_trainer(0, 1, algorithms=_cnn_methods(), device_train_microbatch_size=8)),
+        ("lm-fp16", lambda: _lm_trainer(0, 1, precision="fp16-mixed", device_train_microbatch_size=2)),
     ],
 )
 def test_a_sharded_trainer_ends_where_one_process_ends(ranks: list[dict[str, Any]], case: str, reference: Any) -> None:
@@ -418,8 +458,15 @@ def test_a_sharded_trainer_ends_where_one_process_ends(ranks: list[dict[str, Any
 
 
 def test_a_sharded_trainer_refuses_what_it_does_not_do_yet(ranks: list[dict[str, Any]]) -> None:
-    assert "Execution.parallelism=FSDP(" in ranks[0]["refused"] and "Execution.microbatch_size=4" in ranks[0]["refused"]
+    assert "Execution.parallelism=FSDP(" in ranks[0]["refused"] and "Execution.compile='aot_eager'" in ranks[0]["refused"]
     assert "callbacks reading the gradients' norms ['OptimizerMonitor']" in ranks[0]["refused-norms"]
+    assert "does not run SmallCNN with algorithm 'swa': at its end SWA recomputes the BatchNorm" in ranks[0]["refused-swa"]
+
+
+def test_methods_under_sharding_change_the_run() -> None:
+    # The runs held against one process above are not the plain run under another name.
+    plain, methods = _trained(_lm_trainer(0, 1, max_duration="8ba")), _trained(_lm_trainer(0, 1, algorithms=_lm_methods(), max_duration="8ba"))
+    assert any(not torch.allclose(methods["params"][name], value, atol=1e-4) for name, value in plain["params"].items())
 
 
 def test_a_layer_nothing_calls_is_left_as_it_was_and_dropout_draws_differ_from_a_run_without(
