@@ -15,7 +15,10 @@ loss weighted by its share of the batch and the gradients accumulated before the
   with the layers the CPU gets wrong in that format kept contiguous, as ChannelsLast keeps them);
 - ``"bf16"``: the eager step with ``precision="bf16-mixed"``, the reference's forward and loss inside
   ``torch.autocast(dtype=torch.bfloat16)`` on the inputs' device (bf16 moves a parameter's update away from
-  fp32's by far more than the allowance, so a step that dropped or misplaced autocast fails).
+  fp32's by far more than the allowance, so a step that dropped or misplaced autocast fails);
+- ``"sharded"``: the Trainer with ``parallelism=FSDP()``, each process of a process group on its share of the
+  batches; its reference is torch's own sharded loop, ``fully_shard_reference`` (``fully_shard`` and
+  ``torch.optim`` on the same shares), and one process on the whole batches.
 
 ``compare`` measures, parameter by parameter, how far ours ends from the reference relative to how far the
 reference moved. Rounding alone moves fp32 training off exact arithmetic by an amount that depends on the
@@ -31,6 +34,7 @@ import copy
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -57,7 +61,7 @@ __all__ = [
     "compare",
 ]
 
-PATHS: tuple[str, ...] = ("eager", "compiled", "microbatched", "channels_last", "bf16")
+PATHS: tuple[str, ...] = ("eager", "compiled", "microbatched", "channels_last", "bf16", "sharded")
 """The training paths ``trainer_result`` runs (see the module docstring)."""
 
 TOLERANCE = 1e-3
@@ -162,17 +166,52 @@ def keyword_reference(
     return trained
 
 
+def fully_shard_reference(
+    model: nn.Module,
+    batches: Sequence[Any],
+    optimizer: OptimizerPair,
+    units: Callable[[nn.Module], Iterable[nn.Module]],
+) -> dict[str, Tensor]:
+    """Returns the whole parameters by name after a hand-written loop of torch's own sharded training on a copy of
+    ``model``: ``fully_shard`` on each of ``units(copy)``, then on the whole, over every process of the group (a 1-D
+    mesh), ``torch.optim``'s optimizer on the sharded parameters, and for each of this process's ``batches``
+    ``zero_grad``, the loss, ``backward`` (which averages the gradients over the processes) and ``step``. The loss
+    is cross-entropy against ``batch[1]``, or for a mapping batch the model's own (``model(**batch).loss``). Every
+    process of the group calls it, on the same ``model`` and shares of one size."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    trained = copy.deepcopy(model).train()
+    device = next(trained.parameters()).device
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for unit in units(trained):
+        fully_shard(unit, mesh=mesh)
+    fully_shard(trained, mesh=mesh)
+    steps = optimizer.reference(trained.parameters())
+    for batch in batches:
+        steps.zero_grad(set_to_none=True)
+        if isinstance(batch, Mapping):
+            loss = trained(**batch).loss
+        else:
+            loss = F.cross_entropy(trained(batch[0]), batch[1])
+        loss.backward()
+        steps.step()
+    return {name: p.full_tensor().detach().clone() for name, p in trained.named_parameters()}  # type: ignore[attr-defined]
+
+
 def trainer_result(
     model: nn.Module,
-    batches: Sequence[Batch],
+    batches: Sequence[Any],
     optimizer: OptimizerPair,
     path: str,
     microbatch_size: int | None = None,
 ) -> dict[str, Tensor]:
     """Returns the parameters by name of ``trainer.model`` after ``composer_fn.Trainer`` trains a copy of ``model``
     on ``batches`` along ``path`` (one of ``PATHS``), one step a batch, with no algorithm but ``ChannelsLast`` on
-    its path."""
+    its path; ``"sharded"``: every process of the group calls it with its share of each batch."""
     from composer_fn.algorithms import ChannelsLast
+    from composer_fn.trainer.options import FSDP
     from composer_fn.trainer.trainer import Trainer
 
     if path not in PATHS:
@@ -191,6 +230,7 @@ def trainer_result(
             compile="aot_eager" if path == "compiled" else False,
             precision="bf16-mixed" if path == "bf16" else "fp32",
             device_train_microbatch_size=microbatch_size if path == "microbatched" else None,
+            parallelism=FSDP() if path == "sharded" else None,
             progress_bar=False,
         )
         trainer.fit()

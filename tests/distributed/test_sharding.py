@@ -29,6 +29,14 @@ from composer_fn.core.random import key
 from composer_fn.data import TensorLoader, synthetic_images
 from composer_fn.models.cnn import SmallCNN
 from composer_fn.optim import adamw, sgd
+from composer_fn.testing.differential import (
+    ADAMW,
+    SGD_MOMENTUM,
+    fully_shard_reference,
+    keyword_reference,
+    torch_reference,
+    trainer_result,
+)
 from composer_fn.trainer import FSDP as PublicFSDP
 from composer_fn.trainer import Trainer
 from composer_fn.trainer.checkpoint import convert_checkpoint
@@ -88,6 +96,13 @@ def _images(step: int) -> tuple[Tensor, ...]:
     return torch.randn(BATCH, 3, 16, 16, generator=generator), torch.randint(0, 4, (BATCH,), generator=generator)
 
 
+def _larger_images(step: int) -> tuple[Tensor, ...]:
+    # A ResNet's last stage sees 1x1 of a 16x16 image: BatchNorm over a process's few values there amplifies
+    # rounding into whole updates (torch's own fully_shard loop then ends as far from one process as ours).
+    generator = torch.Generator().manual_seed(200 + step)
+    return torch.randn(BATCH, 3, 32, 32, generator=generator), torch.randint(0, 4, (BATCH,), generator=generator)
+
+
 def _lm_input(batch: tuple[Tensor, ...]) -> dict[str, Tensor]:
     return {"input_ids": batch[0], "labels": batch[0]}
 
@@ -105,13 +120,77 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[int], tuple[Tensor, ..
     "gpt2": (_gpt2, _tokens, True, lambda m: list(m.transformer.h)),
     "llama": (_llama, _tokens, True, lambda m: list(m.model.layers)),
     "vit": (_vit, _images, False, lambda m: list(m.encoder.layers)),
-    "resnet": (_resnet, _images, False, lambda m: [block for stage in (m.layer1, m.layer2, m.layer3, m.layer4) for block in stage]),
+    "resnet": (_resnet, _larger_images, False, lambda m: [block for stage in (m.layer1, m.layer2, m.layer3, m.layer4) for block in stage]),
 }
 OPTIMIZERS = {
     "adamw": (lambda: adamw(1e-2, weight_decay=0.1), lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1)),
     "sgd": (lambda: sgd(0.1, momentum=0.9), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
 }
 RUNS = [("gpt2", "adamw"), ("llama", "adamw"), ("vit", "sgd"), ("resnet", "sgd")]
+
+
+MODEL_RUNS = [(case, optimizer) for case in CASES for optimizer in OPTIMIZERS]
+FOUR_RUNS = [("gpt2", "adamw"), ("llama", "sgd"), ("resnet", "sgd"), ("vit", "adamw")]
+PAIRS = {"adamw": ADAMW, "sgd": SGD_MOMENTUM}
+
+
+def _global_batches(case: str, world: int) -> list[Any]:
+    # Each process holds 4 samples, at any number of processes (BatchNorm normalises over a process's).
+    pieces = max(world * 4 // BATCH, 1)
+    batches = [tuple(torch.cat(parts) for parts in zip(*(CASES[case][1](index + 50 * piece) for piece in range(pieces)), strict=True)) for index in range(STEPS)]
+    return [_lm_input(batch) for batch in batches] if CASES[case][2] else batches
+
+
+def _share_of(batch: Any, rank: int, world: int) -> Any:
+    if isinstance(batch, dict):
+        return {name: item.chunk(world)[rank] for name, item in batch.items()}
+    return tuple(item.chunk(world)[rank] for item in batch)
+
+
+def _through_trainer(rank: int, world: int, runs: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
+    # The Trainer sharded over the processes, and torch's own sharded loop, each on this process's shares.
+    results = {}
+    for case, optimizer in runs:
+        model, shares = _build(case), [_share_of(batch, rank, world) for batch in _global_batches(case, world)]
+        results[case, optimizer] = {
+            "trainer": trainer_result(model, shares, PAIRS[optimizer], "sharded"),
+            "hand": fully_shard_reference(model, shares, PAIRS[optimizer], CASES[case][3]),
+        }
+    return results
+
+
+def _one_process_reference(case: str, optimizer: str, world: int, noise: float = 0.0) -> dict[str, Tensor]:
+    # One process on the whole batches; BatchNorm normalises by each process's share, so the images come in its
+    # microbatches. With ``noise``, the initial weights are first moved by that fraction of their size.
+    model, batches = _build(case), _global_batches(case, world)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters() if noise else ():
+            parameter.mul_(1 + noise * torch.randn(parameter.shape, generator=generator))
+    if CASES[case][2]:
+        return {n: p.detach().clone() for n, p in keyword_reference(model, batches, PAIRS[optimizer]).named_parameters()}
+    return torch_reference(model, batches, PAIRS[optimizer], microbatch_size=len(batches[0][0]) // world)
+
+
+def _check_world_size_invariance(results: list[dict[str, Any]], runs: list[tuple[str, str]], world: int) -> None:
+    # Ours within fp32 reduction-order noise of one process: a fixed tolerance, or (a run that amplifies rounding,
+    # such as a ResNet's BatchNorm over a process's 4 samples summed over 4 processes) twice as far as the one-process
+    # run moves from itself when its initial weights are moved by 1e-7 of their size, as rounding moves them.
+    for case, optimizer in runs:
+        reference = _one_process_reference(case, optimizer, world)
+        noised = _one_process_reference(case, optimizer, world, noise=1e-7) if world > 2 else reference
+        atol = 5e-5 if optimizer == "adamw" else 2e-6  # Adam moves a gradient of rounding noise by its rounding
+        for rank in results:
+            got = rank["models"][case, optimizer]
+            assert got["trainer"].keys() == reference.keys()
+            for name, expected in reference.items():
+                said = f"{case}, {optimizer}, {name} at {world} processes: ".__add__
+                noise = 2 * float((noised[name] - expected).abs().max())
+                torch.testing.assert_close(got["trainer"][name], expected, rtol=2e-5, atol=max(atol, noise), msg=said)
+                torch.testing.assert_close(got["trainer"][name], got["hand"][name], rtol=2e-5, atol=atol, msg=said)
+                assert torch.equal(got["trainer"][name], results[0]["models"][case, optimizer]["trainer"][name])
+        initial = dict(_build(case).named_parameters())
+        assert sum(not torch.equal(reference[n], p.detach()) for n, p in initial.items()) > len(initial) // 2
 
 
 def _build(case: str) -> nn.Module:
@@ -337,6 +416,8 @@ def _ranks(rank: int, root: str) -> dict[str, Any]:
     results["gpt2-hsdp"], _ = _ours("gpt2", "adamw", rank, FSDP(replicate=WORLD))  # replicas of one shard each
     results["llama-bf16"], _ = _ours("llama", "adamw", rank, FSDP(param_dtype="bf16"))
     results["llama-bf16-hand"] = _hand("llama", "adamw", rank, bf16=True)
+    results["models"] = _through_trainer(rank, WORLD, MODEL_RUNS)
+    results["models-again"] = _through_trainer(rank, WORLD, [("llama", "adamw"), ("resnet", "sgd")])
     return results
 
 
@@ -592,11 +673,30 @@ def test_every_process_killed_during_a_sharded_save_leaves_the_previous_checkpoi
 
 def _four_resumed(rank: int, middle: str) -> dict[str, Any]:
     trainer = _lm_trainer(rank, 4, parallelism=PublicFSDP(), load_path=middle)
-    return {"start": trainer.timestamp.batch, **_trained(trainer)}
+    resumed = {"start": trainer.timestamp.batch, **_trained(trainer)}
+    return {**resumed, "models": _through_trainer(rank, 4, FOUR_RUNS)}
 
 
-def test_four_sharded_processes_resume_a_two_process_checkpoint(ranks: list[dict[str, Any]], tmp_path: Path) -> None:
-    resumed = run_ranks(_four_resumed, 4, tmp_path, ranks[0]["middle"])
+@pytest.fixture(scope="module")
+def four(ranks: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return run_ranks(_four_resumed, 4, tmp_path_factory.mktemp("four"), ranks[0]["middle"])
+
+
+def test_the_trainer_sharded_over_two_processes_ends_where_one_process_and_torch_s_fully_shard_loop_end(
+    ranks: list[dict[str, Any]],
+) -> None:
+    _check_world_size_invariance(ranks, MODEL_RUNS, WORLD)
+    for run in [("llama", "adamw"), ("resnet", "sgd")]:  # bitwise, run again
+        for name, value in ranks[0]["models"][run]["trainer"].items():
+            assert torch.equal(ranks[0]["models-again"][run]["trainer"][name], value), name
+
+
+def test_the_trainer_sharded_over_four_processes_ends_where_one_process_ends(four: list[dict[str, Any]]) -> None:
+    _check_world_size_invariance(four, FOUR_RUNS, 4)
+
+
+def test_four_sharded_processes_resume_a_two_process_checkpoint(ranks: list[dict[str, Any]], four: list[dict[str, Any]]) -> None:
+    resumed = four
     for rank in resumed:
         assert rank["start"] == 2
         for name, value in ranks[0]["saved"]["params"].items():
