@@ -47,7 +47,14 @@ from composer_fn.trainer.outputs import (
     settle_loss_function,
 )
 from composer_fn.trainer.precision import Precision
-from composer_fn.trainer.sharding import check_sharded_run, device_mesh, local_shards, shard_module
+from composer_fn.trainer.sharding import (
+    check_sharded_run,
+    device_mesh,
+    local_shards,
+    materialise,
+    on_meta_device,
+    shard_module,
+)
 
 __all__ = ["Run", "Losses", "build_run", "start_state", "to_device", "SUPPORTED_REQUIREMENTS"]
 
@@ -249,7 +256,13 @@ def start_state(
     ``train_inputs`` is given to algorithms that require the data."""
     check_surgery_conflicts(run.algorithms, model)
     # Hugging Face models resolve their loss function once, here, so that no forward of the run logs doing it.
-    structure = settle_loss_function(copy.deepcopy(model)).to(run.device).train()
+    structure = settle_loss_function(copy.deepcopy(model)).train()
+    sharding = run.options.execution.parallelism
+    if on_meta_device(structure) and sharding is None:
+        # One process holds the whole model anyway: it is made whole, from the run's seed.
+        materialise(structure, int(seed) if validate.is_integer(seed) else 0, run.device)
+    if not on_meta_device(structure):  # a sharded run's meta model is made unit by unit as it is sharded
+        structure = structure.to(run.device)
     wants_data = any("train_data" in a.requires for a in run.algorithms)
     precision = Precision.of(run.options.execution.precision, run.device)
     static = Static(
@@ -275,14 +288,15 @@ def start_state(
         or a.changes_nothing() is not None
         or a.changes_nothing_in(run.max_steps, run.steps_per_epoch) is not None
     )
-    sharding = run.options.execution.parallelism
     if sharding is not None:
         # The state holds each process's shards: the storage of the sharded module's own parameters.
         module = static.module
         with torch.no_grad():
             for name, tensor in (*module.named_parameters(), *module.named_buffers()):
-                tensor.copy_(state.params[name] if name in state.params else state.buffers[name])
-        shard_module(module, sharding, device_mesh(sharding, run.world.size, run.device.type))
+                if not tensor.is_meta:
+                    tensor.copy_(state.params[name] if name in state.params else state.buffers[name])
+        mesh = device_mesh(sharding, run.world.size, run.device.type)
+        shard_module(module, sharding, mesh, seed=int(seed) if validate.is_integer(seed) else 0)
         state = state.replace(params=local_shards(module), buffers=dict(module.named_buffers()))
     state = state.replace(
         opt=run.tx.init(state.params),

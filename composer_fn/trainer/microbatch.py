@@ -246,24 +246,30 @@ def microbatched_step(
     units_scale: float = 1.0,
     reseed: Callable[[int], None] | None = None,
     grads_summed: bool = False,
+    idle: Callable[[Mapping[str, Tensor], State, Any], dict[str, Tensor]] | None = None,
 ) -> Callable[[State, Any], tuple[State, dict[str, Tensor]]]:
     """Returns the step of the module docstring from the plain step's pieces: ``begin`` (AFTER_DATALOADER and
     BEFORE_TRAIN_BATCH), ``differentiated`` (the events up to the gradient, and the gradient) and ``finish``
     (the events from AFTER_BACKWARD on and the update). ``reseed(offset)``, where given, is called before each
     microbatch with its place in the global batch (the model's own draws, ``composer_fn.trainer.randomness``).
     With ``grads_summed``, the gradients ``differentiated`` gives are summed over the processes already (a sharded
-    module's), and ``reduce`` sums the rest."""
+    module's), and ``reduce`` sums the rest; a process without a sample then joins the others' backward by
+    ``idle(params, state, batch)``, which returns those sums."""
     # Each microbatch's loss is weighted by its samples over a full microbatch's (1 but for a short last one):
     # the summed gradients keep the scale of one microbatch's (what fp16 loss scaling expects). A loss over
     # positions weighs by its positions over a full microbatch's, ``units_scale`` positions per sample.
     unit = (microbatch_size or 1) * (units_scale if units is not None else 1)
 
-    def gradient_sums(params: Mapping[str, Tensor], entries: Sequence[tuple[State, StepCtx, Any]]) -> _Sums:
+    def gradient_sums(params: Mapping[str, Tensor], entries: Sequence[tuple[State, StepCtx, Any]], idling: Any) -> _Sums:
         sums = None
         for state, ctx, count in entries:
             loss, grads, _ = differentiated(params, state, ctx, count / unit)
             sums = _accumulate(sums, grads, loss, count, {})
-        return sums if sums is not None else _nothing(params, {}, ())
+        if sums is None:
+            sums = _nothing(params, {}, ())
+            if idle is not None:
+                sums = (idle(params, *idling), *sums[1:])
+        return sums
 
     def step(state: State, batch: Any) -> tuple[State, dict[str, Tensor]]:
         step_key = R.fold_in(state.key, state.step)
@@ -299,6 +305,8 @@ def microbatched_step(
             samples += size
         if sums is None:
             sums = _nothing(state.params, state.buffers, statistics)
+            if idle is not None:
+                sums = (idle(state.params, state, batch), *sums[1:])
         if units is not None and positions is None:
             positions = torch.zeros((), device=sums[1].device)
         trainable = _trainable(state.params, frozen)
@@ -308,12 +316,13 @@ def microbatched_step(
         )
         state = state.replace(buffers={**state.buffers, **averaged})
         captured = tuple(entries)
+        idling = (state, batch)
 
         counted = positions
 
         def gradient_fn(params: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
             mean, mean_loss, _, _ = _combine(
-                gradient_sums(params, captured), _trainable(params, frozen), samples, len(captured), unit, reduce,
+                gradient_sums(params, captured, idling), _trainable(params, frozen), samples, len(captured), unit, reduce,
                 units=counted, grads_summed=grads_summed,
             )
             return mean_loss, mean

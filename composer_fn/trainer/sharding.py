@@ -4,13 +4,15 @@ With ``FSDP`` options, each process holds a shard of every parameter, of its gra
 (ZeRO-3). The model is cut into units (``shard_units``: each block of a repeated stack, such as a transformer's
 layers or a ResNet's residual blocks, or the classes a model names as its own units); ``shard_module`` applies
 ``fully_shard`` to each unit and then to the whole, so that a unit's parameters are gathered just before its
-forward and its backward, and freed after.
+forward and its backward, and freed after. A model built on the meta device is made unit by unit
+(``materialise``), each unit just before it is sharded.
 
-The step (``make_sharded_step``) is torch's: the forward through the sharded module, ``backward()`` (each
-gradient reduce-scattered into its parameter's ``.grad`` as a ``Shard(0)`` DTensor), then the run's optimizer on
-this process's shards, in place. The optimizers are elementwise, so the arithmetic on a shard is that of the same
-elements of the whole: the step is the one-process step. Each process's loss counts by its share of the global
-batch, so processes with batches of other sizes still give the global batch's mean gradient.
+The step is ``make_train_step``'s, given the module as ``ShardedModule``: the plan's events, microbatches, keys,
+loss weights and loss scaling of the one-process step, with torch's gradient: the forward through the sharded
+module and ``backward()``, each gradient reduce-scattered (summed) into its parameter's ``.grad`` as a ``Shard(0)``
+DTensor; then the run's optimizer on this process's shards, in place. The optimizers are elementwise, so the
+arithmetic on a shard is that of the same elements of the whole: the step is the one-process step. Hooks that read
+the gradients see them, and the parameters, as DTensors, so a norm over every element is the whole model's.
 
 The run's state holds each parameter's local shard (``local_shards``), the very storage the module's DTensor
 parameters hold: an update in place is seen by the next forward.
@@ -45,6 +47,8 @@ __all__ = [
     "device_mesh",
     "shard_units",
     "shard_module",
+    "materialise",
+    "on_meta_device",
     "local_shards",
     "is_sharded",
     "gathered_module",
@@ -61,8 +65,9 @@ __all__ = [
 
 def check_sharded_run(options: Options, algorithms: Sequence[Algorithm], grouped: bool, model: nn.Module) -> None:
     """Raises ValueError, naming the option, for what a sharded run (``options.execution.parallelism``) of ``model``
-    does not do: no process group (``grouped``), a compiled or ``func``-mode step, callbacks that read the gradients'
-    norms (the sharded step does not report them), and the algorithms ``SHARDING_REFUSES`` refuses on the model."""
+    does not do: no process group (``grouped``), a compiled or ``func``-mode step, microbatches sized on the fly
+    (``'auto'``), callbacks that read the gradients' norms (the sharded step does not report them), and the
+    algorithms ``SHARDING_REFUSES`` refuses on the model."""
     execution = options.execution
     given = f"Execution.parallelism={execution.parallelism!r}"
     if not grouped:
@@ -80,6 +85,7 @@ def check_sharded_run(options: Options, algorithms: Sequence[Algorithm], grouped
     refused = [
         (execution.compile is not None, f"Execution.compile={execution.compile!r}"),
         (execution.grad_mode == "func", "Execution.grad_mode='func'"),
+        (execution.microbatch_size == "auto", "Execution.microbatch_size='auto'"),
         (
             any(callback.step_norms for callback in options.reporting.callbacks),
             f"callbacks reading the gradients' norms {[type(c).__name__ for c in options.reporting.callbacks if c.step_norms]}",
@@ -89,7 +95,8 @@ def check_sharded_run(options: Options, algorithms: Sequence[Algorithm], grouped
     if named:
         raise ValueError(
             f"{given} does not run with {', '.join(named)} yet: a sharded run trains eagerly, by torch's backward "
-            "through the sharded module, and reports no gradient norms; leave those out, or train unsharded"
+            "through the sharded module, reports no gradient norms, and cannot retry a step that one process ran out "
+            "of memory in (every process joins each unit's collectives); leave those out, or train unsharded"
         )
 
 
@@ -189,19 +196,25 @@ _STRUCTURES: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDi
 _SHARDED: weakref.WeakKeyDictionary[nn.Module, ShardedModule] = weakref.WeakKeyDictionary()
 
 
-def shard_module(module: nn.Module, options: FSDP, mesh: Any) -> nn.Module:
+def shard_module(module: nn.Module, options: FSDP, mesh: Any, *, seed: int = 0) -> nn.Module:
     """Shards ``module`` in place over ``mesh`` (see the module docstring) and returns it: ``fully_shard`` on each
     unit (with activation checkpointing first, when asked), then on the whole. Its structure before sharding is
-    kept, without its tensors, for ``gathered_module``."""
+    kept, without its tensors, for ``gathered_module``.
+
+    A module built on the meta device is materialised unit by unit (``materialise``, from ``seed``), each unit just
+    before it is sharded: a process holds one unit's whole tensors at a time, never the whole model's."""
     from torch.distributed._composable import checkpoint
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     structure = _on_meta(module)
     policy = options.mixed_precision()
-    for _, unit in reversed(shard_units(module, options)):  # inner units first
+    device = torch.device(mesh.device_type)
+    for name, unit in reversed(shard_units(module, options)):  # inner units first
+        materialise(unit, seed, device, root=module, prefix=name)
         if options.activation_checkpointing:
             checkpoint(unit)
         fully_shard(unit, mesh=mesh, reshard_after_forward=options.reshard_after_forward, mp_policy=policy)
+    materialise(module, seed, device)
     fully_shard(module, mesh=mesh, reshard_after_forward=options.reshard_after_forward, mp_policy=policy)
     for part in module.modules():
         if isinstance(part, FSDPModule):
@@ -211,6 +224,66 @@ def shard_module(module: nn.Module, options: FSDP, mesh: Any) -> nn.Module:
             part.set_force_sum_reduction_for_comms(True)
     _STRUCTURES[module] = structure
     _SHARDED[module] = ShardedModule(module)
+    return module
+
+
+def on_meta_device(module: nn.Module) -> bool:
+    """Returns whether ``module`` holds a tensor on the meta device (built under ``torch.device("meta")``)."""
+    return any(tensor.is_meta for tensor in (*module.parameters(), *module.buffers()))
+
+
+def materialise(
+    module: nn.Module, seed: int, device: torch.device | str = "cpu", *, root: nn.Module | None = None, prefix: str = ""
+) -> nn.Module:
+    """Returns ``module`` with every tensor it holds on the meta device made on ``device`` and initialised, in place.
+
+    Each tensor is made once, in every slot that holds it (ties stay ties, within ``root``: the whole model, when
+    ``module`` is its part named ``prefix``). Then the submodules holding one, and those above them, are initialised
+    by the model's own initialiser, innermost first: a Hugging Face model's ``_init_weights`` (rotary embeddings'
+    buffers included; a block's scaled projections after the projection's own), else each one's
+    ``reset_parameters``, with torch's generator seeded from ``seed`` and the submodule's qualified name, so that
+    the values depend on neither the order nor the number of processes. Submodules with nothing on the meta device
+    are left as they are. Raises ValueError naming a submodule holding a meta tensor that no initialiser makes."""
+    import zlib
+
+    owner = root if root is not None else module
+    inside = {id(t) for t in (*module.parameters(), *module.buffers()) if t.is_meta}
+    if not inside:
+        return module
+    initialise = getattr(owner, "_init_weights", None)
+    touched = [
+        (".".join(piece for piece in (prefix, name) if piece), part)
+        for name, part in module.named_modules()
+        if any(t.is_meta for t in (*part.parameters(), *part.buffers()))
+    ]
+    for qualified, part in touched:
+        holds = any(t.is_meta for t in (*part.parameters(recurse=False), *part.buffers(recurse=False)))
+        if holds and initialise is None and not hasattr(part, "reset_parameters"):
+            raise ValueError(
+                f"{type(owner).__name__}'s submodule {qualified or '(the model)'} ({type(part).__name__}) is on the "
+                "meta device and has no reset_parameters to make its tensors: build it on a device, or give it one"
+            )
+    made: dict[int, Tensor] = {}
+    for part in owner.modules():
+        tables: tuple[dict[str, Any], ...] = (part._parameters, part._buffers)
+        for table in tables:
+            for name, tensor in table.items():
+                if tensor is None or id(tensor) not in inside:
+                    continue
+                if id(tensor) not in made:
+                    empty = torch.empty_like(tensor, device=device)
+                    made[id(tensor)] = nn.Parameter(empty, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else empty
+                table[name] = made[id(tensor)]
+    for qualified, part in reversed(touched):  # innermost first
+        holds = any(id(t) in made for t in (*part.parameters(recurse=False), *part.buffers(recurse=False)))
+        if initialise is None and not (holds and hasattr(part, "reset_parameters")):
+            continue
+        with torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else []), torch.no_grad():
+            torch.manual_seed((seed * 1_000_003 + zlib.crc32(qualified.encode())) % 2**63)
+            if initialise is not None:
+                initialise(part)
+            else:
+                part.reset_parameters()
     return module
 
 

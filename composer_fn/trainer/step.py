@@ -484,6 +484,7 @@ def make_train_step(
             units_scale=units_scale,
             reseed=reseed,
             grads_summed=sharded is not None,
+            idle=functools.partial(_idle, sharded, forward_with, model_input) if sharded is not None else None,
         )
         return step if sharded is None else _bound(step, sharded)
 
@@ -514,6 +515,24 @@ def _gradient_events(plan: Plan, state: State, ctx: StepCtx, sharded: Sharded) -
     state, ctx = run_event(Event.AFTER_TRAIN_BATCH, plan, state, ctx)
     assert ctx.grads is not None
     return state.replace(params=local), ctx.replace(grads=sharded.local_view(ctx.grads), gradient_fn=inner)
+
+
+def _idle(
+    sharded: Sharded, forward_with: Callable[..., tuple[Any, dict[str, Tensor]]], model_input: Callable[[Any], Any],
+    params: Mapping[str, Tensor], state: State, batch: Any,
+) -> dict[str, Tensor]:  # fmt: skip
+    # A process whose share of the global batch is empty joins the others' forward and backward through the
+    # sharded module (every process gathers each unit and reduces its gradients together) with a loss of zero: the
+    # gradients it gets are the others' sums. Its forward's buffers are copies, and dropped.
+    with torch.enable_grad(), sharded.holding(params):
+        outputs, _ = forward_with(params, state.buffers, model_input(batch), None)
+        # Empty outputs sum to zero; a loss the model computed over no sample is NaN, and is left out.
+        leaves = [
+            t for t in pytree.tree_leaves(outputs)
+            if isinstance(t, Tensor) and t.requires_grad and bool(torch.isfinite(t.detach()).all())
+        ]  # fmt: skip
+        objective = torch.stack([t.sum() for t in leaves]).sum() * 0.0 if leaves else torch.zeros(())
+        return sharded.backward(objective)
 
 
 def _bound(step: StepFn, sharded: Sharded) -> StepFn:

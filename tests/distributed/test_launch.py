@@ -46,3 +46,18 @@ def test_a_sharded_run_from_the_command_line_saves_a_folder_that_exports_and_pre
     assert main(["export", str(run / "latest"), "--format", "torchscript", "--output", str(tmp_path / "m.pt")]) == 0
     assert main(["predict", str(run / "latest"), "--output", str(tmp_path / "p.csv")]) == 0
     assert len((tmp_path / "p.csv").read_text().splitlines()) > 1
+
+
+def test_a_deepspeed_config_trains_sharded_what_its_options_train_in_one_process(tmp_path: Path) -> None:
+    import json
+
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({
+        "train_batch_size": 64, "train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 2,
+        "zero_optimization": {"stage": 3, "overlap_comm": True}, "gradient_clipping": 0.1, "steps_per_print": 10,
+    }))  # fmt: skip
+    two = _train("--nproc", "2", "--deepspeed", str(config))
+    # ZeRO-3 over 2 processes of 32 in microbatches of 16, clipped at 0.1: one process with 4 microbatches.
+    one = _train("--microbatch-size", "16", "--threads", "1", algorithms="mixup,label_smoothing,gradient_clipping")
+    assert len(two) == 1
+    assert two == one

@@ -37,6 +37,7 @@ from composer_fn.testing.differential import (
     torch_reference,
     trainer_result,
 )
+from composer_fn.testing.models import tiny_gpt2, tiny_llama
 from composer_fn.trainer import FSDP as PublicFSDP
 from composer_fn.trainer import Trainer
 from composer_fn.trainer.checkpoint import convert_checkpoint
@@ -282,12 +283,13 @@ def _one_process(case: str, optimizer: str) -> dict[str, Tensor]:
 
 
 DATA = synthetic_images(key(1), 76, num_classes=4, shape=(1, 8, 8))
+SHORT = synthetic_images(key(1), 65, num_classes=4, shape=(1, 8, 8))
 HELD_OUT = synthetic_images(key(2), 37, num_classes=4, shape=(1, 8, 8))
 
 
-def _cnn_trainer(rank: int, world: int, **arguments: Any) -> Trainer:
+def _cnn_trainer(rank: int, world: int, data: Any = DATA, **arguments: Any) -> Trainer:
     # 76 samples in global batches of 16: each epoch's fifth batch is 12, 8 on rank 0 and 4 on rank 1.
-    loader = TensorLoader(DATA, 8 if world > 1 else 16, seed=5, rank=rank, world_size=world)
+    loader = TensorLoader(data, 8 if world > 1 else 16, seed=5, rank=rank, world_size=world)
     return Trainer(
         SmallCNN(1, 4, width=4),
         loader,
@@ -323,7 +325,12 @@ def _unused_trainer(rank: int, world: int, **arguments: Any) -> Trainer:
     )  # fmt: skip
 
 
-def _lm_trainer(rank: int, world: int, dropout: float = 0.0, **arguments: Any) -> Trainer:
+def _on_meta(build: Callable[[], nn.Module]) -> nn.Module:
+    with torch.device("meta"):
+        return build()
+
+
+def _lm_trainer(rank: int, world: int, dropout: float = 0.0, model: nn.Module | None = None, **arguments: Any) -> Trainer:
     from composer_fn.testing.models import tiny_gpt2, token_batches
 
     # Right-padded rows: the processes hold other numbers of labelled tokens.
@@ -332,9 +339,8 @@ def _lm_trainer(rank: int, world: int, dropout: float = 0.0, **arguments: Any) -
         rows = 4 // world
         batches = [{name: item[rank * rows : (rank + 1) * rows] for name, item in batch.items()} for batch in batches]
     arguments = {"max_duration": "4ba", **arguments}
-    return Trainer(
-        tiny_gpt2(dropout=dropout), batches, optimizer=sgd(0.1, momentum=0.9), progress_bar=False, seed=2, **arguments
-    )
+    model = model if model is not None else tiny_gpt2(dropout=dropout)
+    return Trainer(model, batches, optimizer=sgd(0.1, momentum=0.9), progress_bar=False, seed=2, **arguments)
 
 
 def _lm_methods() -> list[Any]:
@@ -374,7 +380,7 @@ def _ranks(rank: int, root: str) -> dict[str, Any]:
     except ValueError as error:
         results["refused-norms"] = str(error)
     try:
-        _cnn_trainer(rank, WORLD, parallelism=PublicFSDP(), compile="aot_eager")
+        _cnn_trainer(rank, WORLD, parallelism=PublicFSDP(), compile="aot_eager", device_train_microbatch_size="auto")
     except ValueError as error:
         results["refused"] = str(error)
     try:
@@ -385,6 +391,12 @@ def _ranks(rank: int, root: str) -> dict[str, Any]:
     lm_methods = {"algorithms": _lm_methods(), "device_train_microbatch_size": 1, "max_duration": "8ba"}
     results["lm-methods"] = _trained(_lm_trainer(rank, WORLD, parallelism=PublicFSDP(), **lm_methods))
     results["cnn-methods"] = _trained(_cnn_trainer(rank, WORLD, parallelism=PublicFSDP(), algorithms=_cnn_methods()))
+    # Models built on the meta device, each block made just before it is sharded, from the run's seed.
+    for name, build in (("gpt2", tiny_gpt2), ("llama", tiny_llama)):
+        results[f"meta-{name}"] = _trained(_lm_trainer(rank, WORLD, parallelism=PublicFSDP(), model=_on_meta(build)))
+    # 65 samples: each epoch's last global batch is 1 sample, and rank 1's share of it is empty; it joins rank 0's
+    # forward and backward (and SAM's second ones) through the sharded model.
+    results["cnn-empty-share"] = _trained(_cnn_trainer(rank, WORLD, data=SHORT, parallelism=PublicFSDP(), algorithms=[SAM()]))
     # fp16 loss scaling: a step skipped for a gradient that is not finite on one process is skipped on all.
     results["lm-fp16"] = _trained(_lm_trainer(rank, WORLD, parallelism=PublicFSDP(), precision="fp16-mixed"))
     # Checkpoints: every process writes its shards of the run at batches 2 and 4; a run resumed from batch 2, at two
@@ -519,7 +531,11 @@ def test_a_replica_count_that_does_not_divide_the_processes_is_refused(tmp_path:
             lambda: _lm_trainer(0, 1, algorithms=_lm_methods(), device_train_microbatch_size=1, max_duration="8ba"),
         ),
         ("cnn-methods", lambda: _cnn_trainer(0, 1, algorithms=_cnn_methods(), device_train_microbatch_size=8)),
+        ("cnn-empty-share", lambda: _cnn_trainer(0, 1, data=SHORT, algorithms=[SAM()], device_train_microbatch_size=8)),
         ("lm-fp16", lambda: _lm_trainer(0, 1, precision="fp16-mixed", device_train_microbatch_size=2)),
+        # One process makes a meta model whole from the seed; sharded processes make the same values block by block.
+        ("meta-gpt2", lambda: _lm_trainer(0, 1, model=_on_meta(tiny_gpt2))),
+        ("meta-llama", lambda: _lm_trainer(0, 1, model=_on_meta(tiny_llama))),
     ],
 )
 def test_a_sharded_trainer_ends_where_one_process_ends(ranks: list[dict[str, Any]], case: str, reference: Any) -> None:
@@ -540,6 +556,7 @@ def test_a_sharded_trainer_ends_where_one_process_ends(ranks: list[dict[str, Any
 
 def test_a_sharded_trainer_refuses_what_it_does_not_do_yet(ranks: list[dict[str, Any]]) -> None:
     assert "Execution.parallelism=FSDP(" in ranks[0]["refused"] and "Execution.compile='aot_eager'" in ranks[0]["refused"]
+    assert "Execution.microbatch_size='auto'" in ranks[0]["refused"]
     assert "callbacks reading the gradients' norms ['OptimizerMonitor']" in ranks[0]["refused-norms"]
     assert "does not run SmallCNN with algorithm 'swa': at its end SWA recomputes the BatchNorm" in ranks[0]["refused-swa"]
 
@@ -674,7 +691,9 @@ def test_every_process_killed_during_a_sharded_save_leaves_the_previous_checkpoi
 def _four_resumed(rank: int, middle: str) -> dict[str, Any]:
     trainer = _lm_trainer(rank, 4, parallelism=PublicFSDP(), load_path=middle)
     resumed = {"start": trainer.timestamp.batch, **_trained(trainer)}
-    return {**resumed, "models": _through_trainer(rank, 4, FOUR_RUNS)}
+    # HSDP on a 2-D mesh: two replicas, each sharded over two processes.
+    hybrid = _trained(_lm_trainer(rank, 4, parallelism=PublicFSDP(replicate=2)))
+    return {**resumed, "models": _through_trainer(rank, 4, FOUR_RUNS), "hsdp": hybrid}
 
 
 @pytest.fixture(scope="module")
@@ -693,6 +712,11 @@ def test_the_trainer_sharded_over_two_processes_ends_where_one_process_and_torch
 
 def test_the_trainer_sharded_over_four_processes_ends_where_one_process_ends(four: list[dict[str, Any]]) -> None:
     _check_world_size_invariance(four, FOUR_RUNS, 4)
+    expected = _trained(_lm_trainer(0, 1))
+    for rank in four:  # replicated twice, sharded twice
+        for name, value in expected["params"].items():
+            torch.testing.assert_close(rank["hsdp"]["params"][name], value, rtol=1e-5, atol=1e-6)
+        assert rank["hsdp"]["tied"]
 
 
 def test_four_sharded_processes_resume_a_two_process_checkpoint(ranks: list[dict[str, Any]], four: list[dict[str, Any]]) -> None:
@@ -701,3 +725,34 @@ def test_four_sharded_processes_resume_a_two_process_checkpoint(ranks: list[dict
         assert rank["start"] == 2
         for name, value in ranks[0]["saved"]["params"].items():
             torch.testing.assert_close(rank["params"][name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_on_the_meta_device_is_made_from_the_seed_with_its_ties_and_buffers() -> None:
+    from composer_fn.trainer.sharding import materialise
+
+    made = [materialise(_on_meta(tiny_gpt2), seed=5) for _ in range(2)]
+    assert made[0].lm_head.weight is made[0].get_input_embeddings().weight  # one tensor, still tied
+    for name, value in made[0].state_dict().items():
+        assert not value.is_meta and torch.equal(value, made[1].state_dict()[name]), name
+    other = materialise(_on_meta(tiny_gpt2), seed=6)
+    assert not torch.equal(other.transformer.wte.weight, made[0].transformer.wte.weight)
+    # The model's own initialiser: GPT-2's embeddings at std 0.02, its residual projections scaled down by depth.
+    assert made[0].transformer.wte.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    projection = made[0].transformer.h[0].mlp.c_proj.weight.std().item()
+    assert projection == pytest.approx(0.02 / (2 * made[0].config.n_layer) ** 0.5, rel=0.1)
+    llama = materialise(_on_meta(tiny_llama), seed=5)
+    torch.testing.assert_close(llama.model.rotary_emb.inv_freq, tiny_llama().model.rotary_emb.inv_freq)
+
+
+def test_a_meta_module_without_an_initialiser_is_refused_by_name() -> None:
+    from composer_fn.trainer.sharding import materialise
+
+    class Bare(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(3))
+
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(3, 3), Bare())
+    with pytest.raises(ValueError, match=r"Sequential's submodule 1 \(Bare\) is on the meta device and has no reset_parameters"):
+        materialise(model, seed=0)
