@@ -131,7 +131,6 @@ RUNS = [("gpt2", "adamw"), ("llama", "adamw"), ("vit", "sgd"), ("resnet", "sgd")
 
 
 MODEL_RUNS = [(case, optimizer) for case in CASES for optimizer in OPTIMIZERS]
-FOUR_RUNS = [("gpt2", "adamw"), ("llama", "sgd"), ("resnet", "sgd"), ("vit", "adamw")]
 PAIRS = {"adamw": ADAMW, "sgd": SGD_MOMENTUM}
 
 
@@ -693,7 +692,7 @@ def _four_resumed(rank: int, middle: str) -> dict[str, Any]:
     resumed = {"start": trainer.timestamp.batch, **_trained(trainer)}
     # HSDP on a 2-D mesh: two replicas, each sharded over two processes.
     hybrid = _trained(_lm_trainer(rank, 4, parallelism=PublicFSDP(replicate=2)))
-    return {**resumed, "models": _through_trainer(rank, 4, FOUR_RUNS), "hsdp": hybrid}
+    return {**resumed, "models": _through_trainer(rank, 4, MODEL_RUNS), "hsdp": hybrid}
 
 
 @pytest.fixture(scope="module")
@@ -711,7 +710,7 @@ def test_the_trainer_sharded_over_two_processes_ends_where_one_process_and_torch
 
 
 def test_the_trainer_sharded_over_four_processes_ends_where_one_process_ends(four: list[dict[str, Any]]) -> None:
-    _check_world_size_invariance(four, FOUR_RUNS, 4)
+    _check_world_size_invariance(four, MODEL_RUNS, 4)
     expected = _trained(_lm_trainer(0, 1))
     for rank in four:  # replicated twice, sharded twice
         for name, value in expected["params"].items():
