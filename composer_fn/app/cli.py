@@ -566,7 +566,7 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
     except ValueError as error:
         raise ValueError(f"--log-file: {error}") from None
     loggers: list[Logger] = [log_file] if log_file is not None else []
-    loggers = [*loggers, *recipe.build_loggers()] if main_process else []
+    loggers = [*loggers, *recipe.build_loggers(args.save_folder)] if main_process else []
     callbacks = recipe.build_callbacks()
     if loggers and not recipe.callbacks:
         callbacks = [SpeedMonitor(), LRMonitor()]

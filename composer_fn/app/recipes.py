@@ -9,8 +9,15 @@ given on the command line overrides the field. Four tables say what flags cannot
 - ``[optimizer]``: ``name`` (``sgd``, ``sgdw``, ``adam``, ``adamw``, ``decoupled_adamw``) and its arguments;
   ``--lr`` overrides ``learning_rate``.
 - ``[schedule]``: ``name`` (``cosine_warmup``, ``linear_warmup``, ``constant``, ...) and its arguments.
-- ``[loggers]``: ``tensorboard = "<folder>"`` and ``console = true``; and ``callbacks``, a list among
-  ``speed``, ``lr``, ``memory``, ``runtime``, ``system``, ``nan`` and ``optimizer``.
+- ``[loggers]``: ``tensorboard = "<folder>"`` and ``console = true``; the experiment trackers as tables of
+  their logger's arguments: ``wandb = {project = "digits", mode = "offline"}`` (``WandBLogger``: ``project``,
+  ``name``, ``entity``, ``group``, ``tags``, ``mode``, ``dir``, ``run_id_file``, ``log_artifacts``) and
+  ``mlflow = {tracking_uri = "sqlite:///runs/mlflow.db", experiment_name = "digits"}`` (``MLFlowLogger``:
+  ``experiment_name``, ``run_name``, ``tracking_uri``, ``tags``, ``artifact_location``, ``run_id_file``,
+  ``log_artifacts``); a tracker given no ``run_id_file`` keeps its run's id in the save folder
+  (``<save_folder>/wandb-run-id``, ``<save_folder>/mlflow-run-id``), so that ``--autoresume`` continues the
+  tracker's run. And ``callbacks``, a list among ``speed``, ``lr``, ``memory``, ``runtime``, ``system``, ``nan``
+  and ``optimizer``.
 - ``[execution]``, ``[checkpointing]``, ``[resume]`` and ``[reporting]``: the Trainer's option records
   (``composer_fn.trainer.Execution``, ...), whose fields are the flags they stand for: ``[execution]``
   ``precision``, ``compile``, ``microbatch_size``, ``dist_timeout``; ``[checkpointing]`` ``folder``,
@@ -49,7 +56,7 @@ if TYPE_CHECKING:
     from composer_fn.loggers import Logger
     from composer_fn.optim import GradientTransformation
 
-__all__ = ["Recipe", "load_recipe", "recipe_fields", "OPTIMIZERS", "SCHEDULES", "CALLBACKS"]
+__all__ = ["Recipe", "load_recipe", "recipe_fields", "OPTIMIZERS", "SCHEDULES", "CALLBACKS", "TRACKERS"]
 
 OPTIMIZERS = ("sgd", "sgdw", "adam", "adamw", "decoupled_adamw")
 SCHEDULES = {
@@ -65,6 +72,11 @@ SCHEDULES = {
     "polynomial": "PolynomialScheduler",
 }
 CALLBACKS = ("speed", "lr", "memory", "runtime", "system", "nan", "optimizer")
+TRACKERS = {
+    "wandb": ("WandBLogger", '{project = "digits", mode = "offline"}'),
+    "mlflow": ("MLFlowLogger", '{tracking_uri = "sqlite:///runs/mlflow.db", experiment_name = "digits"}'),
+}
+"""The experiment trackers a ``[loggers]`` table may name, with the logger each builds and an example table."""
 _TABLES = ("algorithms", "optimizer", "schedule", "loggers", "evaluators")
 RECORD_TABLES: Mapping[str, Mapping[str, str]] = {
     "execution": {"precision": "precision", "compile": "compile", "microbatch_size": "microbatch_size", "dist_timeout": "dist_timeout"},
@@ -132,13 +144,19 @@ class Recipe:
             raise self.error("schedule.name", f"{name!r} is not a schedule; accepted: {', '.join(SCHEDULES)}")
         return self._call("schedule", getattr(schedules, SCHEDULES[name]), table)
 
-    def build_loggers(self) -> list[Logger]:
-        """Returns the ``[loggers]`` table's loggers (the log file is a flag, ``log_file``)."""
+    def build_loggers(self, save_folder: str | os.PathLike[str] | None = None) -> list[Logger]:
+        """Returns the ``[loggers]`` table's loggers (the log file is a flag, ``log_file``); a tracker's table
+        without ``run_id_file`` keeps its run's id in ``save_folder`` (``wandb-run-id``, ``mlflow-run-id``), when
+        given, so that a resumed run continues the tracker's run."""
         from composer_fn.loggers import ConsoleLogger, TensorBoardLogger
 
-        unknown = sorted(set(self.loggers) - {"tensorboard", "console"})
+        unknown = sorted(set(self.loggers) - {"tensorboard", "console", *TRACKERS})
         if unknown:
-            raise self.error(f"loggers.{unknown[0]}", "unknown logger; accepted: tensorboard (a folder), console (true)")
+            raise self.error(
+                f"loggers.{unknown[0]}",
+                "unknown logger; accepted: tensorboard (a folder), console (true), wandb and mlflow (tables of the "
+                "logger's arguments)",
+            )
         loggers: list[Logger] = []
         folder = self.loggers.get("tensorboard")
         if folder is not None:
@@ -150,7 +168,24 @@ class Recipe:
             raise self.error("loggers.console", f"{console!r}: expected true or false")
         if console:
             loggers.append(ConsoleLogger())
+        for name, (class_name, example) in TRACKERS.items():
+            if name in self.loggers:
+                loggers.append(self._tracker(name, class_name, example, save_folder))
         return loggers
+
+    def _tracker(self, name: str, class_name: str, example: str, save_folder: str | os.PathLike[str] | None) -> Logger:
+        import composer_fn.loggers
+
+        table = self.loggers[name]
+        if not isinstance(table, dict):
+            raise self.error(f"loggers.{name}", f"{table!r}: expected a table of {class_name}'s arguments, e.g. {example}")
+        arguments = dict(table)
+        if "run_id_file" not in arguments and save_folder is not None:
+            arguments["run_id_file"] = str(Path(save_folder) / f"{name}-run-id")
+        try:
+            return self._call(f"loggers.{name}", getattr(composer_fn.loggers, class_name), arguments)
+        except ImportError as error:
+            raise self.error(f"loggers.{name}", str(error)) from None
 
     def build_callbacks(self) -> list[Callback]:
         """Returns the ``callbacks`` list as callbacks."""

@@ -28,5 +28,7 @@ def test_the_development_install_has_the_documentation_tools_and_the_models_user
     assert any(requirement.startswith("mkdocstrings[python]") for requirement in extras["docs"])
     assert any(requirement.startswith("transformers") for requirement in extras["hf"])
     assert any(requirement.startswith("timm") for requirement in extras["timm"])
+    assert any(requirement.startswith("wandb") for requirement in extras["wandb"])
+    assert any(requirement.startswith("mlflow") for requirement in extras["mlflow"])
     own = [r for r in extras["dev"] if r.startswith("composer_fn[")]
-    assert own and {"docs", "hf", "timm"} <= set(own[0][len("composer_fn[") : -1].split(","))
+    assert own and {"docs", "hf", "timm", "wandb", "mlflow"} <= set(own[0][len("composer_fn[") : -1].split(","))
