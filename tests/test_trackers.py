@@ -24,10 +24,10 @@ import pytest
 
 from composer_fn import Trainer, optim
 from composer_fn import random as R
-from composer_fn.callbacks.base import Callback, RunView
 from composer_fn.data import TensorLoader
 from composer_fn.loggers import JSONLLogger, Logger, MLFlowLogger, WandBLogger
 from composer_fn.models import MLP
+from tests.crashing import Crash
 
 pytest.importorskip("wandb", reason="the W&B logger's tests need wandb: pip install 'composer_fn[wandb]'")
 pytest.importorskip("mlflow", reason="the MLflow logger's tests need mlflow: pip install 'composer_fn[mlflow]'")
@@ -150,17 +150,6 @@ def same(ours: list[Metric], theirs: list[Metric]) -> bool:
 # Runs.
 
 
-class _Crash(Callback):
-    """Ends the process's run at the start of a batch, after the checkpoints before it were written."""
-
-    def __init__(self, at: int) -> None:
-        self.at = at
-
-    def batch_start(self, view: RunView) -> None:
-        if view.timestamp.batch == self.at:
-            raise KeyboardInterrupt(f"crash at batch {self.at}")
-
-
 def _fit(loggers: list[Logger], folder: Path | None = None, **options: Any) -> None:
     Trainer(
         MLP(6, 2),
@@ -223,7 +212,7 @@ def test_a_resumed_run_continues_the_trackers_run_from_its_checkpoint(tracker: T
     run_id_file = tmp_path / "checkpoints" / "run-id"
     first, log = make(run_id_file=run_id_file), JSONLLogger(tmp_path / "log.jsonl")
     with pytest.raises(KeyboardInterrupt, match="crash at batch 2"):
-        _fit([first, log], tmp_path / "checkpoints", callbacks=[_Crash(2)])
+        _fit([first, log], tmp_path / "checkpoints", callbacks=[Crash(2)])
     first.close()  # the process ends
     log.close()
     assert run_id_file.read_text().strip() == first.run_id

@@ -12,11 +12,11 @@ import torch
 
 from composer_fn import MixUp, Trainer, optim
 from composer_fn import random as R
-from composer_fn.callbacks.base import Callback, RunView
 from composer_fn.data import TensorLoader
 from composer_fn.models import MLP
 from composer_fn.trainer.checkpoint import newest_checkpoint, prune_checkpoints, remove_stale_temporaries
 from composer_fn.trainer.sharded_files import INFO
+from tests.crashing import Crash
 
 DATA = (R.normal(R.key(0), (32, 6)), R.randint(R.key(1), 0, 2, (32,)))
 
@@ -37,17 +37,6 @@ def _trainer(folder: Path | None = None, max_duration: str = "12ba", **options) 
 
 def _checkpoints(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.endswith(".pt") and p.name != "latest.pt")
-
-
-class _Crash(Callback):
-    """Ends the process's run at the start of a batch, after the checkpoints before it were written."""
-
-    def __init__(self, at: int) -> None:
-        self.at = at
-
-    def batch_start(self, view: RunView) -> None:
-        if view.timestamp.batch == self.at:
-            raise KeyboardInterrupt(f"crash at batch {self.at}")
 
 
 def _same_state(ours: Trainer, theirs: Trainer) -> bool:
@@ -86,7 +75,7 @@ def test_autoresume_after_a_crash_continues_the_uninterrupted_run_bit_for_bit(tm
     uninterrupted.fit()
     folder = tmp_path / "crashed"
     with pytest.raises(KeyboardInterrupt, match="crash at batch 5"):
-        _trainer(folder, callbacks=(_Crash(5),)).fit()
+        _trainer(folder, callbacks=(Crash(5),)).fit()
     assert newest_checkpoint(folder) == folder / "ep0-ba5.pt"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
