@@ -73,15 +73,16 @@ def empty_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # Reading the trackers back.
 
 
-def wandb_records(folder: Path) -> Iterator[Any]:
-    """Yields the records of every offline W&B run under ``folder``, run by run in the order they were made.
+def wandb_records(folder: Path, only: Path | None = None) -> Iterator[Any]:
+    """Yields the records of every offline W&B run under ``folder`` (or of its run file ``only``), run by run in
+    the order they were made.
 
     A ``.wandb`` file is a 7-byte header, then records in 32 KiB blocks, each chunk behind a 7-byte header
     (checksum, length, type: whole, first, middle or last), each record a ``wandb_internal_pb2.Record``.
     """
     from wandb.proto import wandb_internal_pb2
 
-    for path in sorted((folder / "wandb").glob("offline-run-*/run-*.wandb")):
+    for path in [only] if only is not None else sorted((folder / "wandb").glob("offline-run-*/run-*.wandb")):
         data, position, parts = path.read_bytes(), 7, b""
         while position + 7 <= len(data):
             left = 32768 - position % 32768
@@ -101,8 +102,23 @@ def wandb_records(folder: Path) -> Iterator[Any]:
                 yield record
 
 
+def wandb_finished(folder: Path, seconds: float = 60.0) -> Path:
+    """Returns ``folder`` once every offline W&B run under it holds its exit record: W&B's service writes a run's
+    file on its own, and may still be writing when ``finish`` returns on a loaded machine."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        runs = sorted((folder / "wandb").glob("offline-run-*/run-*.wandb"))
+        if runs and all(
+            any(r.WhichOneof("record_type") == "exit" for r in wandb_records(folder, path)) for path in runs
+        ):
+            return folder
+        time.sleep(0.1)
+    return folder
+
+
 def wandb_metrics(folder: Path) -> list[Metric]:
     """Returns every (name, step, value) in the history rows of the offline W&B runs under ``folder``."""
+    wandb_finished(folder)
     return [
         ("/".join(item.nested_key) or item.key, record.history.step.num, float(json.loads(item.value_json)))
         for record in wandb_records(folder)
@@ -113,7 +129,7 @@ def wandb_metrics(folder: Path) -> list[Metric]:
 
 
 def wandb_run_ids(folder: Path) -> list[str]:
-    return [r.run.run_id for r in wandb_records(folder) if r.WhichOneof("record_type") == "run"]
+    return [r.run.run_id for r in wandb_records(wandb_finished(folder)) if r.WhichOneof("record_type") == "run"]
 
 
 def mlflow_metrics(uri: str, run_id: str) -> list[Metric]:
@@ -249,7 +265,7 @@ def test_a_logger_on_another_rank_sends_nothing(tracker: Tracker, tmp_path: Path
 def test_the_settings_the_plan_checkpoints_and_files_go_with_the_wandb_run(tmp_path: Path) -> None:
     logger = WandBLogger("digits", mode="offline", dir=tmp_path, log_artifacts=True)
     _feed(logger, tmp_path)
-    records = list(wandb_records(tmp_path))
+    records = list(wandb_records(wandb_finished(tmp_path)))
     config = {
         item.key: json.loads(item.value_json)
         for record in records
