@@ -38,6 +38,7 @@ surgeries (BlurPool, SqueezeExcite) in the same run, and parameter names do not 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import importlib
 import weakref
@@ -60,7 +61,7 @@ from composer_fn.algorithms._surgery import (
 from composer_fn.algorithms._timing import stored_time
 from composer_fn.core import random as R
 from composer_fn.core import validate
-from composer_fn.core.algorithm import HostHook, no_change, register
+from composer_fn.core.algorithm import Capabilities, HostHook, no_change, register
 from composer_fn.core.event import Event
 from composer_fn.core.state import BatchMeta, State, Static
 from composer_fn.core.time import Time, Timestamp, TimeUnit
@@ -495,6 +496,21 @@ class StochasticDepth(Surgery):
     @property
     def _warms_up(self) -> bool:
         return _parsed_warmup(self.drop_warmup).value > 0
+
+    def capabilities(self) -> Capabilities:
+        return dataclasses.replace(super().capabilities(), unshardable=self.unshardable)
+
+    def unshardable(self, module: object) -> str | None:
+        """Why a sharded run of ``module`` cannot run this: ``stochastic_method='block'`` on a model it finds blocks
+        in, where a dropped block's forward is skipped on some processes and not others while a sharded block's
+        parameters are gathered and its gradients reduced by every process together; None otherwise."""
+        if self.stochastic_method == "block" and self.surgery_targets(module):
+            return (
+                "stochastic_method='block' skips a dropped block's forward, on some processes and not others, while "
+                "a sharded block's parameters are gathered and its gradients reduced by every process together; "
+                "stochastic_method='sample' runs sharded"
+            )
+        return None
 
     def targets(self, module: nn.Module) -> frozenset[str]:
         # The branch's last layer, which the rewrite wraps: the block keeps its other children, which stay free

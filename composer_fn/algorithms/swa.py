@@ -283,8 +283,21 @@ class SWA(Algorithm):
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            lr_multiplier=self.lr_multiplier if self.schedule_swa_lr else None, checks_length=self.check_length
+            lr_multiplier=self.lr_multiplier if self.schedule_swa_lr else None,
+            checks_length=self.check_length,
+            unshardable=self.unshardable,
         )
+
+    def unshardable(self, module: object) -> str | None:
+        """Why a sharded run of ``module`` cannot run SWA: a model with BatchNorm layers, whose statistics SWA
+        recomputes for the averaged weights at its end by running the whole model, unsharded, on the training
+        data; None for any other model."""
+        if isinstance(module, nn.Module) and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
+            return (
+                "at its end SWA recomputes the BatchNorm statistics of the averaged weights by running the whole "
+                "model, unsharded, on the training data"
+            )
+        return None
 
     def check_length(self, max_steps: int, steps_per_epoch: int) -> None:
         """Warns when a run of ``max_steps`` steps gives SWA nothing to average or never applies the average

@@ -107,6 +107,10 @@ class Capabilities:
     steps; it warns when the algorithm can never act in a run that long (a stopping rule that can never end it,
     a weight average that never takes in two sets of weights)."""
 
+    unshardable: Callable[[Any], str | None] | None = None
+    """``unshardable(module)`` says why a sharded run (``FSDP``) of ``module`` cannot run the algorithm as it is
+    set, or None when it can; a sharded run is refused before its first step, with that reason, otherwise."""
+
 
 _NONE = Capabilities()
 

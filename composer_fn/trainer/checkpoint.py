@@ -176,8 +176,9 @@ def convert_checkpoint(
 ) -> Path:
     """Returns ``output``, written atomically from the checkpoint at ``source`` (a file or a sharded folder, read
     whole by this process): with ``format='torch'`` one checkpoint file (``torch.save``) that every reader of a
-    checkpoint takes, with ``'safetensors'`` the parameters by name (a Hugging Face model's ``from_pretrained``
-    reads them beside its config; a weight tied to another is stored once, under its first name)."""
+    checkpoint takes, with ``'safetensors'`` the training parameters by name (a Hugging Face model's
+    ``from_pretrained`` reads them beside its config; a weight tied to another is stored once, under its first
+    name; the weights an evaluation used, EMA's average where the run had EMA, are ``load_model``'s)."""
     if format not in CONVERSIONS:
         raise ValueError(f"format={format!r}: expected one of {', '.join(CONVERSIONS)}")
     target = Path(output)

@@ -43,7 +43,6 @@ from composer_fn.trainer.step import StepFn, make_train_step
 __all__ = [
     "FSDP",
     "check_sharded_run",
-    "SHARDING_REFUSES",
     "device_mesh",
     "shard_units",
     "shard_module",
@@ -67,7 +66,7 @@ def check_sharded_run(options: Options, algorithms: Sequence[Algorithm], grouped
     """Raises ValueError, naming the option, for what a sharded run (``options.execution.parallelism``) of ``model``
     does not do: no process group (``grouped``), a compiled or ``func``-mode step, microbatches sized on the fly
     (``'auto'``), callbacks that read the gradients' norms (the sharded step does not report them), and the
-    algorithms ``SHARDING_REFUSES`` refuses on the model."""
+    algorithms that cannot run sharded on the model (``Capabilities.unshardable``)."""
     execution = options.execution
     given = f"Execution.parallelism={execution.parallelism!r}"
     if not grouped:
@@ -76,8 +75,9 @@ def check_sharded_run(options: Options, algorithms: Sequence[Algorithm], grouped
             "N), or initialise torch.distributed first"
         )
     for algorithm in algorithms:
-        refuses, reason = SHARDING_REFUSES.get(algorithm.name, (None, ""))
-        if refuses is not None and refuses(algorithm, model):
+        unshardable = algorithm.capabilities().unshardable
+        reason = unshardable(model) if unshardable is not None else None
+        if reason is not None:
             raise ValueError(
                 f"{given} does not run {type(model).__name__} with algorithm {algorithm.name!r}: {reason}; train it "
                 "unsharded, or without it"
@@ -98,32 +98,6 @@ def check_sharded_run(options: Options, algorithms: Sequence[Algorithm], grouped
             "through the sharded module, reports no gradient norms, and cannot retry a step that one process ran out "
             "of memory in (every process joins each unit's collectives); leave those out, or train unsharded"
         )
-
-
-def _has_batchnorm(algorithm: Algorithm, model: nn.Module) -> bool:
-    return any(isinstance(part, nn.modules.batchnorm._BatchNorm) for part in model.modules())
-
-
-def _drops_blocks(algorithm: Algorithm, model: nn.Module) -> bool:
-    rewrites = algorithm.capabilities().rewrites
-    return getattr(algorithm, "stochastic_method", None) == "block" and rewrites is not None and bool(rewrites(model))
-
-
-SHARDING_REFUSES: dict[str, tuple[Callable[[Algorithm, nn.Module], bool], str]] = {
-    "swa": (
-        _has_batchnorm,
-        "at its end SWA recomputes the BatchNorm statistics of the averaged weights by running the whole model, "
-        "unsharded, on the training data",
-    ),
-    "stochastic_depth": (
-        _drops_blocks,
-        "stochastic_method='block' skips a dropped block's forward, on some processes and not others, while a "
-        "sharded block's parameters are gathered and its gradients reduced by every process together; "
-        "stochastic_method='sample' runs sharded",
-    ),
-}
-"""The algorithms a sharded run refuses, by name: with which settings on which models (``refuses(algorithm,
-model)``), and why. Every other method runs sharded as it runs on one process (``benchmarks/sharded_methods.py``)."""
 
 
 def device_mesh(options: FSDP, world_size: int, device_type: str) -> Any:
@@ -460,9 +434,10 @@ def make_sharded_step(
 
 
 def shards_tree(state: State, module: nn.Module | None, *, weights_only: bool = False) -> dict[str, Any]:
-    """Returns ``state``'s tensors as the tree a sharded checkpoint holds (``sharded_files``): the parameters and
-    the optimizer's tensors that are a parameter's shard as DTensors of a ``shard_module``-ed ``module``'s layout
-    (each process holding its shards), every other tensor as it is; with ``weights_only``, the parameters and
+    """Returns ``state``'s tensors as the tree a sharded checkpoint holds (``sharded_files``): the parameters, and
+    the optimizer's and algorithms' tensors that are a parameter's shard (Adam's moments, EMA's and SWA's
+    averages), as DTensors of a ``shard_module``-ed ``module``'s layout (each process holding its shards), every
+    other tensor as it is; with ``weights_only``, the parameters and
     buffers alone. A run that is not sharded (``module`` None or unsharded) gives its whole tensors."""
     layouts: dict[str, Any] = dict(module.named_parameters()) if module is not None and is_sharded(module) else {}
 
@@ -481,9 +456,9 @@ def shards_tree(state: State, module: nn.Module | None, *, weights_only: bool = 
         "buffers": dict(state.buffers),
     }
     if not weights_only:
-        paths, _ = pytree.tree_flatten_with_path(state.opt)
-        tree["opt"] = {str(i): laid_out(_parameter_of(path, leaf, state.params), leaf) for i, (path, leaf) in enumerate(paths)}
-        tree["algos"] = {str(i): leaf for i, leaf in enumerate(pytree.tree_leaves(state.algos))}
+        for kind, states in (("opt", state.opt), ("algos", state.algos)):
+            paths, _ = pytree.tree_flatten_with_path(states)
+            tree[kind] = {str(i): laid_out(_parameter_of(path, leaf, state.params), leaf) for i, (path, leaf) in enumerate(paths)}
         tree["hparams"] = dict(state.hparams)
         tree["step"] = state.step
         tree["key"] = state.key
@@ -517,7 +492,7 @@ def loaded_state(tree: dict[str, Any], template: State, *, weights_only: bool = 
         params=params,
         buffers=buffers,
         opt=pytree.tree_unflatten([local(tree["opt"][str(i)]) for i in range(len(tree["opt"]))], opt_spec),
-        algos=pytree.tree_unflatten([tree["algos"][str(i)] for i in range(len(tree["algos"]))], algos_spec),
+        algos=pytree.tree_unflatten([local(tree["algos"][str(i)]) for i in range(len(tree["algos"]))], algos_spec),
         hparams=dict(tree["hparams"]),
         step=tree["step"],
         key=tree["key"],

@@ -346,6 +346,10 @@ def _lm_methods() -> list[Any]:
     return [GradientClipping("norm", 0.5), SAM(rho=0.1), EMA(half_life="2ba"), LayerFreezing(freeze_start=0.0, freeze_level=0.5)]
 
 
+def _ema() -> list[Any]:
+    return [EMA(half_life="1ba")]
+
+
 def _cnn_methods() -> list[Any]:
     # A surgery before sharding, mixed batches, a scoring forward that picks samples, unit-wise clipping.
     return [
@@ -398,12 +402,13 @@ def _ranks(rank: int, root: str) -> dict[str, Any]:
     results["lm-fp16"] = _trained(_lm_trainer(rank, WORLD, parallelism=PublicFSDP(), precision="fp16-mixed"))
     # Checkpoints: every process writes its shards of the run at batches 2 and 4; a run resumed from batch 2, at two
     # processes here and at one in the test, continues as the uninterrupted one.
+    # EMA's average is a shard on each process, saved and read as the parameters' are.
     folder = Path(root) / "sharded"
-    saved = _lm_trainer(rank, WORLD, parallelism=PublicFSDP(), save_folder=str(folder), save_interval="2ba")
+    saved = _lm_trainer(rank, WORLD, parallelism=PublicFSDP(), save_folder=str(folder), save_interval="2ba", algorithms=_ema())
     results["saved"] = _trained(saved)
     results["folder"] = sorted(path.name for path in folder.iterdir())
     middle = next(folder.glob("*-ba2"))
-    resumed = _lm_trainer(rank, WORLD, parallelism=PublicFSDP(), load_path=str(middle))
+    resumed = _lm_trainer(rank, WORLD, parallelism=PublicFSDP(), load_path=str(middle), algorithms=_ema())
     results["resumed_start"] = (resumed.timestamp.batch, {n: p.detach().clone() for n, p in resumed.model.named_parameters()})
     results["resumed"] = _trained(resumed)
     results["resumed_at"] = middle.name
@@ -413,7 +418,7 @@ def _ranks(rank: int, root: str) -> dict[str, Any]:
     if rank == 0:
         convert_checkpoint(middle, whole)
     torch.distributed.barrier()
-    from_file = _lm_trainer(rank, WORLD, parallelism=PublicFSDP(), load_path=str(whole))
+    from_file = _lm_trainer(rank, WORLD, parallelism=PublicFSDP(), load_path=str(whole), algorithms=_ema())
     results["from_file_start"] = from_file.timestamp.batch
     results["from_file"] = _trained(from_file)
     for case, optimizer in RUNS:
@@ -593,14 +598,14 @@ def test_a_sharded_checkpoint_is_a_folder_of_every_process_s_shards_and_resumes_
 
 
 def test_one_process_resumes_a_two_process_sharded_checkpoint(ranks: list[dict[str, Any]]) -> None:
-    expected = _trained(_lm_trainer(0, 1))
-    two_steps = _trained(_lm_trainer(0, 1, max_duration="2ba"))
-    for rank in ranks:  # the sharded run resumed at batch 2 with the weights of batch 2
+    expected = _trained(_lm_trainer(0, 1, algorithms=_ema()))
+    two_steps = _trained(_lm_trainer(0, 1, max_duration="2ba", algorithms=_ema()))
+    for rank in ranks:  # the sharded run resumed at batch 2 with the weights (EMA's average) of batch 2
         batch, weights = rank["resumed_start"]
         assert batch == 2
         for name, value in two_steps["params"].items():
             torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6)
-    trainer = _lm_trainer(0, 1, load_path=ranks[0]["middle"])
+    trainer = _lm_trainer(0, 1, load_path=ranks[0]["middle"], algorithms=_ema())
     assert trainer.timestamp.batch == 2
     resumed = _trained(trainer)
     for name, value in expected["params"].items():
@@ -627,8 +632,8 @@ def test_a_sharded_checkpoint_reads_whole_in_one_process_and_converts_to_a_file_
     whole = load_model(tmp_path / "whole.pt", tiny_gpt2())
     assert all(torch.equal(value, weights[name]) for name, value in whole.named_parameters())
     # A run resumed from the file continues as one resumed from the folder.
-    from_file = _trained(_lm_trainer(0, 1, load_path=str(tmp_path / "whole.pt")))
-    from_folder = _trained(_lm_trainer(0, 1, load_path=middle))
+    from_file = _trained(_lm_trainer(0, 1, load_path=str(tmp_path / "whole.pt"), algorithms=_ema()))
+    from_folder = _trained(_lm_trainer(0, 1, load_path=middle, algorithms=_ema()))
     assert all(torch.equal(from_file["params"][n], v) for n, v in from_folder["params"].items())
     # safetensors beside the model's config: Hugging Face's own loader, the tie kept.
     folder = tmp_path / "hf"
@@ -637,8 +642,9 @@ def test_a_sharded_checkpoint_reads_whole_in_one_process_and_converts_to_a_file_
     assert main(["convert", middle, "--output", str(folder / "model.safetensors"), "--format", "safetensors"]) == 0
     hugging = GPT2LMHeadModel.from_pretrained(folder)
     assert hugging.lm_head.weight is hugging.get_input_embeddings().weight
-    for name, value in hugging.named_parameters():
-        assert torch.equal(value, weights[name]), name
+    training = dict(load_model(middle, tiny_gpt2(), evaluation_weights=False).named_parameters())
+    for name, value in hugging.named_parameters():  # the training weights, not EMA's average
+        assert torch.equal(value, training[name]) and not torch.equal(value, weights[name]), name
 
 
 def _killed_while_saving(rank: int, root: str) -> None:
@@ -686,7 +692,7 @@ def test_every_process_killed_during_a_sharded_save_leaves_the_previous_checkpoi
 
 
 def _four_resumed(rank: int, middle: str) -> dict[str, Any]:
-    trainer = _lm_trainer(rank, 4, parallelism=PublicFSDP(), load_path=middle)
+    trainer = _lm_trainer(rank, 4, parallelism=PublicFSDP(), load_path=middle, algorithms=_ema())
     resumed = {"start": trainer.timestamp.batch, **_trained(trainer)}
     # HSDP on a 2-D mesh: two replicas, each sharded over two processes.
     hybrid = _trained(_lm_trainer(rank, 4, parallelism=PublicFSDP(replicate=2)))
