@@ -2,7 +2,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# The suite runs one test file per process, one thread each: as many processes as cores, at most 4.
+# The suite runs one test file per process, one thread each: as many processes as cores, at most 4 (mypy as
+# many workers).
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 
 .PHONY: demo demo-fashion test lint bench docs clean
@@ -33,7 +34,7 @@ demo-fashion: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check composer_fn tests benchmarks
-	$(BIN)/mypy
+	$(BIN)/mypy --num-workers $(TEST_JOBS)
 	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile
 
 # The API reference and the guides as a site in build/site/: warnings (a public name without a docstring, a

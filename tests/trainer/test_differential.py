@@ -43,7 +43,10 @@ MODELS = torchvision_models()
 @pytest.mark.parametrize("optimizer", [SGD_MOMENTUM, ADAMW], ids=["sgd", "adamw"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_the_trainer_trains_a_torchvision_model_as_a_torch_optim_loop_does(name: str, optimizer: OptimizerPair) -> None:
-    comparisons = compare(MODELS[name], optimizer, ["eager", "compiled", "microbatched", "channels_last"])
+    # Both optimizers eagerly; the other paths (compiled, microbatched, channels-last) with AdamW, the one with the
+    # more state: how a path runs the model does not depend on the optimizer's rule.
+    paths = ["eager", "compiled", "microbatched", "channels_last"] if optimizer is ADAMW else ["eager"]
+    comparisons = compare(MODELS[name], optimizer, paths)
     failed = [comparison.describe() for comparison in comparisons if comparison.failures]
     assert not failed, "\n".join(failed)
 
