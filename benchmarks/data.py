@@ -19,10 +19,17 @@ files on disk to float batches (load and parse time included on both sides):
   is given fixed constants). Both sides deliver the same samples: the training part of the fixed split (all
   images but every fifth), in batches of 256, the last incomplete one dropped.
 
+- A Hugging Face ``datasets`` table (``--token-rows`` rows of 128 token ids, saved to disk and memory-mapped back,
+  as ``datasets.load_from_disk`` gives it): our ``DatasetLoader`` vs a torch ``DataLoader`` over the same table
+  (``with_format("torch")``, shuffled, default collation). A second table times a start mid-epoch, at an early and
+  a late batch ``k``: the time to the first batch of ``iter_from(0, k)`` for ours, and of the ``DataLoader``'s
+  epoch with its first ``k`` batches passed over (what a loader without ``iter_from`` does to resume).
+
 Rounds rotate the order of the contenders; tables show the median rate and the ratio ours / theirs.
 One intra-op thread by default.
 
     .venv/bin/python benchmarks/data.py [--threads 1] [--rounds 3] [--cifar-images 10000] [--folder-images 2000]
+        [--token-rows 20000]
 """
 
 from __future__ import annotations
@@ -222,6 +229,64 @@ def torchvision_folder(root: Path, workers: int, *, setup: bool) -> Contender:
     return run
 
 
+def write_token_table(root: Path, rows: int) -> Any:
+    """Returns a ``datasets`` table of ``rows`` rows of 128 keyed token ids, saved under ``root`` and read back
+    memory-mapped."""
+    import datasets
+
+    ids = R.randint(R.key(7), 0, 50_000, (rows, 128))
+    datasets.Dataset.from_dict({"input_ids": ids.numpy(), "labels": ids.numpy()}).save_to_disk(str(root / "tokens"))
+    return datasets.load_from_disk(str(root / "tokens"))
+
+
+def _token_epoch(batches: Any) -> int:
+    rows = 0
+    for batch in batches:
+        rows += len(batch["input_ids"])
+        assert batch["input_ids"].dtype == torch.int64
+    return rows
+
+
+def ours_datasets(table: Any) -> Contender:
+    from composer_fn.data.hf import DatasetLoader
+
+    epochs = iter(range(1_000_000))
+
+    def run() -> int:
+        loader = DatasetLoader(table, BATCH, seed=0)
+        loader.set_epoch(next(epochs))
+        return _token_epoch(loader)
+
+    return run
+
+
+def torch_datasets(table: Any) -> Contender:
+    def run() -> int:
+        generator = torch.Generator().manual_seed(0)
+        return _token_epoch(torch.utils.data.DataLoader(table.with_format("torch"), batch_size=BATCH, shuffle=True, generator=generator))
+
+    return run
+
+
+def time_to_batch(table: Any, batch: int, rounds: int) -> tuple[float, float]:
+    """Returns the median seconds to the first batch of an epoch started at ``batch``: ours (``iter_from``), and a
+    ``DataLoader``'s that passes over the batches before it."""
+    import itertools
+
+    from composer_fn.data.hf import DatasetLoader
+
+    ours, theirs = [], []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        next(iter(DatasetLoader(table, BATCH, seed=0).iter_from(0, batch)))
+        ours.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        loader = torch.utils.data.DataLoader(table.with_format("torch"), batch_size=BATCH, shuffle=True)
+        next(itertools.islice(iter(loader), batch, None))
+        theirs.append(time.perf_counter() - started)
+    return statistics.median(ours), statistics.median(theirs)
+
+
 def measure(pairs: dict[str, tuple[Contender, Contender]], rounds: int) -> dict[str, dict[str, list[float]]]:
     """Returns samples/s of ours and theirs for every pair, one sample per round, the order rotating."""
     rates: dict[str, dict[str, list[float]]] = {name: {"ours": [], "theirs": []} for name in pairs}
@@ -245,6 +310,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cifar-images", type=int, default=10_000)
     parser.add_argument("--folder-images", type=int, default=2_000)
+    parser.add_argument("--token-rows", type=int, default=20_000)
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the results here")
     args = parser.parse_args()
     pin_threads(args.threads)
@@ -271,7 +337,12 @@ def main() -> None:
                     ours_folder(root / "folder", workers, setup=setup),
                     torchvision_folder(root / "folder", workers, setup=setup),
                 )
+        table = write_token_table(root, args.token_rows)
+        name = "datasets table of token rows: DatasetLoader | DataLoader over the table (with_format('torch'))"
+        pairs[name] = (ours_datasets(table), torch_datasets(table))
         rates = measure(pairs, args.rounds)
+        batches = -(-args.token_rows // BATCH)
+        starts = {k: time_to_batch(table, k, args.rounds) for k in (1, batches - 1)}
     print(
         f"one shuffled training epoch from the files, batches of {BATCH}, CPU, {args.threads} thread(s), torch "
         f"{torch.__version__}; Fashion-MNIST: {source}; CIFAR-10: {args.cifar_images} synthetic images; folder: "
@@ -287,9 +358,18 @@ def main() -> None:
             ("data", "ours | theirs", "ours samples/s", "theirs samples/s", "ours/theirs"), rows, "<<>>>"
         )
     )
+    print(f"\nstarting an epoch of the datasets table ({batches} batches of {BATCH}) at batch k: seconds to its first batch")
+    print(
+        format_table(
+            ("k", "ours (iter_from)", "DataLoader, passing over k batches", "theirs/ours"),
+            [(str(k), f"{ours:.4f}", f"{theirs:.4f}", f"{theirs / ours:.0f}×") for k, (ours, theirs) in starts.items()],
+            ">>>>",
+        )
+    )
     if args.json is not None:
         write_json(
-            args.json, {"environment": environment(args.threads), "rates": rates, "fashion_mnist": source}
+            args.json,
+            {"environment": environment(args.threads), "rates": rates, "fashion_mnist": source, "starts": starts},
         )
 
 

@@ -288,10 +288,25 @@ def _plain(text: str) -> object:
 
 
 _MODEL_KWARGS = _checked("comma-separated name=value pairs, each name once, e.g. width=16,dropout=0.1", _model_kwargs, lambda d: True)
-_CHECKPOINT = _checked(
-    "an existing checkpoint file or sharded checkpoint folder, e.g. runs/latest.pt", Path, lambda path: path.is_file() or path.is_dir()
+def _location(text: str) -> Path | str:
+    # A URL of a bucket as it is (checked when the run is built: object_store), else a local path. Imported here:
+    # the trainer package imports torch, which --help does without.
+    from composer_fn.trainer.object_store import is_url, local_path
+
+    return text if is_url(text) else Path(local_path(text))
+
+
+_CHECKPOINT: Callable[[str], Path | str] = _checked(
+    "an existing checkpoint file or sharded checkpoint folder, e.g. runs/latest.pt, or its URL (s3://bucket/run/latest)",
+    _location,
+    lambda path: not isinstance(path, Path) or path.is_file() or path.is_dir(),
 )
-_FOLDER = _checked("a folder (created if missing), not a file", Path, lambda path: not path.is_file())
+_FOLDER: Callable[[str], Path | str] = _checked(
+    "a folder (created if missing), not a file, or a bucket's URL (s3://bucket/run)",
+    _location,
+    lambda path: not isinstance(path, Path) or not path.is_file(),
+)
+_LOCAL_FOLDER = _checked("a folder (created if missing), not a file", Path, lambda path: not path.is_file())
 _FILE = _checked("a file (created if missing), not a folder", Path, lambda path: not path.is_dir())
 
 
@@ -451,7 +466,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         )
     profile = commands.choices["profile"]
     profile.add_argument("--steps", type=_POSITIVE_INT, default=5, help="steps recorded, after one skipped and one warm-up")
-    profile.add_argument("--trace-folder", type=_FOLDER, default=Path("runs/profile"), help="where the traces go")
+    profile.add_argument("--trace-folder", type=_LOCAL_FOLDER, default=Path("runs/profile"), help="where the traces go")
     export = commands.add_parser(
         "export", help="write a checkpoint's trained model as TorchScript, torch.export (pt2) or ONNX, checked on a batch"
     )
@@ -770,10 +785,17 @@ def _export(args: argparse.Namespace) -> int:
         shape = tuple(int(d) for d in metadata["image_shape"])
         inputs = R.normal(R.key(0), (8, *shape)).to(torch.float32)
         where = f"8 keyed random images (the data was not found: {str(error).splitlines()[0]})"
-    output = args.output or args.checkpoint.resolve().with_suffix(SUFFIXES[args.format])
+    output = args.output or _beside(args.checkpoint).with_suffix(SUFFIXES[args.format])
     check = export_model(model, inputs, output, format=args.format)
     print(f"wrote {check.path} ({args.format}); on {where} its outputs differ from the module's by at most {check.max_difference:.3g}")
     return 0
+
+
+def _beside(checkpoint: Path | str) -> Path:
+    # Where a file made from a checkpoint goes by default: beside it, or in the working folder for one in a bucket.
+    from composer_fn.trainer.object_store import split_url
+
+    return Path(split_url(checkpoint)[1]).resolve() if isinstance(checkpoint, str) else checkpoint.resolve()
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -797,7 +819,8 @@ def _predict(args: argparse.Namespace) -> int:
             f"takes {tuple(metadata['image_shape'])} images of {metadata['num_classes']} classes"
         )
     loader = data.heldout if args.split == "heldout" else _in_order(data.train, args.batch_size)
-    output = args.output or args.checkpoint.resolve().with_name(f"{args.checkpoint.stem}-{data.name}-{args.split}.csv")
+    source = _beside(args.checkpoint)
+    output = args.output or source.with_name(f"{source.stem}-{data.name}-{args.split}.csv")
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(f".{output.name}.tmp")
     correct = total = 0

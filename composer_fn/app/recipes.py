@@ -181,7 +181,12 @@ class Recipe:
             raise self.error(f"loggers.{name}", f"{table!r}: expected a table of {class_name}'s arguments, e.g. {example}")
         arguments = dict(table)
         if "run_id_file" not in arguments and save_folder is not None:
-            arguments["run_id_file"] = str(Path(save_folder) / f"{name}-run-id")
+            from composer_fn.trainer.object_store import is_url
+
+            if is_url(save_folder):  # beside the checkpoints in their bucket
+                arguments["run_id_file"] = f"{str(save_folder).rstrip('/')}/{name}-run-id"
+            else:
+                arguments["run_id_file"] = str(Path(save_folder) / f"{name}-run-id")
         try:
             return self._call(f"loggers.{name}", getattr(composer_fn.loggers, class_name), arguments)
         except ImportError as error:

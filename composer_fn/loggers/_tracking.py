@@ -17,6 +17,7 @@ from typing import Any
 from composer_fn.core import validate
 from composer_fn.loggers._paths import file_path
 from composer_fn.loggers.base import Logger
+from composer_fn.trainer.object_store import is_url, opened
 
 __all__ = ["TrackerLogger", "main_process", "metrics_of", "artifact_name"]
 
@@ -67,7 +68,13 @@ class TrackerLogger(Logger):
     """The tracker's name, as messages give it."""
 
     def __init__(self, run_id_file: str | os.PathLike[str] | None, log_artifacts: bool) -> None:
-        self.run_id_file = None if run_id_file is None else file_path("run_id_file", run_id_file, "runs/digits/run-id")
+        self.run_id_file: Path | str | None = None
+        if is_url(run_id_file):  # beside checkpoints in a bucket: checked now, read and written there
+            assert isinstance(run_id_file, str)
+            opened(run_id_file, argument="run_id_file")
+            self.run_id_file = run_id_file
+        elif run_id_file is not None:
+            self.run_id_file = file_path("run_id_file", run_id_file, "runs/digits/run-id")
         self.log_artifacts = validate.flag("log_artifacts", log_artifacts)
         self.main = main_process()
         """Whether this logger sends anything: only rank 0's does."""
@@ -75,6 +82,7 @@ class TrackerLogger(Logger):
         """The id of the tracker run this logger opened last (None before its first ``fit``)."""
         self._running = False
         self._plan: list[str] = []
+        self._bucket_said = False
 
     def fit_start(self, step: int) -> None:
         """Opens the tracker run (rank 0 only): a new one for a fresh run (``step`` 0); for a resumed one, the run
@@ -112,9 +120,17 @@ class TrackerLogger(Logger):
             switch = "on" if "on" in record else "off"
             self._plan.append(f"batch {record.get('step', '?')}: {', '.join(record.get(switch, []))} {switch}")
         elif kind == "checkpoint" and self.log_artifacts:
-            path = Path(str(record["path"]))
-            if path.exists():
-                self._file(path, checkpoint=True)
+            location = str(record["path"])
+            if is_url(location):  # kept in its bucket: the tracker run is told where, once
+                if not self._bucket_said:
+                    warnings.warn(
+                        f"log_artifacts=True: checkpoints saved to a bucket ({location}) stay there and are not copied "
+                        f"to the {self._tracker} run",
+                        stacklevel=2,
+                    )
+                    self._bucket_said = True
+            elif Path(location).exists():
+                self._file(Path(location), checkpoint=True)
 
     def upload_file(self, path: str | os.PathLike[str]) -> None:
         """Stores the file or folder at ``path`` with the tracker run (rank 0 only): during ``fit``, with the run
@@ -176,16 +192,24 @@ class TrackerLogger(Logger):
         raise NotImplementedError
 
 
-def _read_id(path: Path) -> str | None:
+def _read_id(path: Path | str) -> str | None:
     try:
-        text = path.read_text(encoding="utf-8").strip()
+        if isinstance(path, str):
+            folder, name = opened(path, argument="run_id_file")
+            text = folder.read_text(name).strip()
+        else:
+            text = path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
         return None
     return text or None
 
 
-def _write_id(path: Path, run_id: str) -> None:
-    # Written whole or not at all: a run killed meanwhile leaves the earlier id.
+def _write_id(path: Path | str, run_id: str) -> None:
+    # Written whole or not at all: a run killed meanwhile leaves the earlier id (an object is put whole).
+    if isinstance(path, str):
+        folder, name = opened(path, argument="run_id_file")
+        folder.write_text(name, run_id + "\n")
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.tmp")
     partial.write_text(run_id + "\n", encoding="utf-8")

@@ -32,12 +32,18 @@ from composer_fn.core.time import Time, Timestamp, TimeUnit, to_steps
 from composer_fn.optim.base import GradientTransformation
 from composer_fn.optim.optimizers import sgdw
 from composer_fn.trainer import distributed
-from composer_fn.trainer.checkpoint import autoresume_path, with_recorded_surgeries
+from composer_fn.trainer.checkpoint import (
+    SaveFolder,
+    autoresume_path,
+    save_folder_of,
+    with_recorded_surgeries,
+)
 from composer_fn.trainer.checks import available_device
 from composer_fn.trainer.evaluator import Evaluator
 from composer_fn.trainer.first_batch import described
 from composer_fn.trainer.learning_rate import learning_rate
 from composer_fn.trainer.loaders import declared_batch_size
+from composer_fn.trainer.object_store import is_url, resolved
 from composer_fn.trainer.options import Options, epochs_or_batches
 from composer_fn.trainer.outputs import (
     default_loss,
@@ -104,7 +110,7 @@ class Run:
     losses: Losses
     tx: GradientTransformation
     lr_multiplier: Callable[[int], Any]
-    save_folder: Path | None
+    save_folder: SaveFolder | None
     load_path: str | Path | None
     resuming: bool
     load_argument: str
@@ -156,9 +162,13 @@ def build_run(
     distributed.check_loader(train_dataloader, "train_dataloader", world)
     for argument, loader in loaders[1:]:
         distributed.check_loader(loader, argument, world, evaluation=True)
-    save_folder = Path(saving.folder) if saving.folder is not None else None
+    # A bucket that cannot be used is refused here, before anything trains.
+    save_folder = save_folder_of(saving.folder, argument=options.spelled("save_folder")) if saving.folder is not None else None
     given = resuming.path
     load_path: str | Path | None = given if given is None or isinstance(given, str) else Path(given)
+    if is_url(load_path):
+        assert isinstance(load_path, str)
+        load_path = resolved(load_path, argument="load_path")
     start = load_path
     if resuming.autoresume:
         # Rank 0 decides, so that every rank resumes from the same checkpoint.

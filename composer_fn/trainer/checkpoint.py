@@ -19,6 +19,10 @@ A sharded run (``FSDP``) saves folders, ``ep{epoch}-ba{batch}``, each process wr
 (``sharded_files``), under a temporary name until the whole is written: a folder of that name is complete, and the
 newest of files and folders is the one a run resumes from. ``save_sharded_to_folder`` writes one,
 ``load_sharded_checkpoint`` reads one into a run of any number of processes.
+
+A save folder or a checkpoint may be a URL of an object store (``object_store``): checkpoint files are written
+locally and uploaded whole, sharded ones written there by every process, and ``latest`` (an object naming the
+newest) moves last; the newest complete one is found by listing the bucket.
 """
 
 from __future__ import annotations
@@ -46,7 +50,9 @@ from composer_fn.core.state import State
 from composer_fn.core.time import Timestamp
 from composer_fn.optim.base import in_layout_of
 from composer_fn.trainer.checks import first_line
+from composer_fn.trainer.object_store import LATEST, ObjectFolder, fetched_file, is_url, local_path, resolved
 from composer_fn.trainer.sharded_files import (
+    INFO,
     is_sharded_checkpoint,
     read_info,
     whole_payload,
@@ -210,48 +216,88 @@ def sync_folder(folder: Path) -> None:
         os.close(descriptor)
 
 
-def _numbered(folder: Path) -> list[tuple[int, Path]]:
-    # The checkpoints of a save folder by batch, oldest first (``latest.pt`` and temporary files excluded).
+SaveFolder = Path | ObjectFolder
+"""Where a run's checkpoints go: a local folder, or a folder in an object store."""
+
+
+def save_folder_of(location: str | os.PathLike[str], *, argument: str = "save_folder") -> SaveFolder:
+    """Returns the save folder ``location`` names: a folder in an object store for a URL (``s3://bucket/run``:
+    checked, ``ObjectFolder``), else a local path (``file://`` taken off)."""
+    if is_url(location):
+        assert isinstance(location, str)
+        return ObjectFolder(location, argument=argument)
+    return Path(local_path(location))
+
+
+def _numbered(folder: SaveFolder) -> list[tuple[int, str]]:
+    # The complete checkpoints of a save folder by batch, oldest first, by name (``latest`` and temporary files
+    # excluded). In a bucket a checkpoint file is complete once it is there (uploaded in one put), a sharded folder
+    # once it holds the run's facts.
     found = []
+    if isinstance(folder, ObjectFolder):
+        for name in folder.names():
+            match = _NAME.fullmatch(name)
+            if match is not None and (match.group(3) or folder.exists(f"{name}/{INFO}")):
+                found.append((int(match.group(2)), name))
+        return sorted(found)
     for path in folder.iterdir() if folder.is_dir() else ():
         match = _NAME.fullmatch(path.name)
         if match is None or path.is_symlink():
             continue
         if path.is_file() if match.group(3) else is_sharded_checkpoint(path):
-            found.append((int(match.group(2)), path))
+            found.append((int(match.group(2)), path.name))
     return sorted(found)
 
 
-def newest_checkpoint(folder: str | os.PathLike[str]) -> Path | None:
-    """Returns the checkpoint of the latest batch in ``folder`` (files are complete: writes are atomic), or None."""
-    numbered = _numbered(Path(folder))
-    return numbered[-1][1] if numbered else None
+def _within(folder: SaveFolder, name: str) -> Path | str:
+    return folder.path(name) if isinstance(folder, ObjectFolder) else folder / name
 
 
-def prune_checkpoints(folder: str | os.PathLike[str], keep: int) -> list[Path]:
+def newest_checkpoint(folder: str | os.PathLike[str] | ObjectFolder) -> Path | str | None:
+    """Returns the checkpoint of the latest batch in ``folder`` (files are complete: writes are atomic), or None;
+    in a bucket (a URL, or an ``ObjectFolder``), its URL."""
+    where = folder if isinstance(folder, ObjectFolder) else save_folder_of(folder)
+    numbered = _numbered(where)
+    return _within(where, numbered[-1][1]) if numbered else None
+
+
+def prune_checkpoints(folder: str | os.PathLike[str] | ObjectFolder, keep: int) -> list[Path | str]:
     """Removes all but the ``keep`` newest checkpoints of ``folder`` (-1 keeps all); returns the removed paths."""
-    numbered = _numbered(Path(folder))
-    removed = [path for _, path in numbered[: max(len(numbered) - keep, 0)]] if keep >= 0 else []
-    for path in removed:
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
+    where = folder if isinstance(folder, ObjectFolder) else save_folder_of(folder)
+    numbered = _numbered(where)
+    removed = [name for _, name in numbered[: max(len(numbered) - keep, 0)]] if keep >= 0 else []
+    for name in removed:
+        if isinstance(where, ObjectFolder):
+            where.remove(name)
+        elif (where / name).is_dir():
+            shutil.rmtree(where / name, ignore_errors=True)
         else:
-            path.unlink(missing_ok=True)
-    return removed
+            (where / name).unlink(missing_ok=True)
+    return [_within(where, name) for name in removed]
 
 
-def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
-    """Removes the temporary files that an interrupted write left in ``folder``; returns their paths.
+def remove_stale_temporaries(folder: str | os.PathLike[str] | ObjectFolder) -> list[Path | str]:
+    """Removes what an interrupted write left in ``folder`` (temporary files; in a bucket, sharded folders without
+    the run's facts); returns their paths.
 
     Only for a folder no other writer is using: a temporary file is a write in progress until it is renamed.
     """
+    if isinstance(folder, ObjectFolder):
+        partial = [
+            name
+            for name in folder.names()
+            if (match := _NAME.fullmatch(name)) is not None and not match.group(3) and not folder.exists(f"{name}/{INFO}")
+        ]
+        for name in partial:
+            folder.remove(name)
+        return [folder.path(name) for name in partial]
     stale = [path for path in Path(folder).glob(".*.tmp") if _TEMPORARY.fullmatch(path.name) and not path.is_symlink()]
     for path in stale:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
-    return stale
+    return list(stale)
 
 
 def _check_tensors(kind: str, loaded: dict[str, Tensor], expected: dict[str, Tensor]) -> None:
@@ -332,11 +378,25 @@ def read_checkpoint(
     (empty, truncated, random bytes, text, another program's pickle) with one ValueError,
     ``{argument}='<path>' is not a checkpoint: <why>``.
     """
-    source = Path(path)
     if isinstance(path, str) and not path:
         raise ValueError(f"{argument}='': expected the path of a checkpoint file")
+    if is_url(path):
+        assert isinstance(path, str)
+        path = resolved(path, argument=argument)
+        if is_sharded_checkpoint(path):
+            return whole_payload(path, device)
+        with fetched_file(path, argument=argument) as copy:
+            return _read_file(copy, device, argument, shown=path)
+    path = local_path(path)
+    source = Path(path)
     if is_sharded_checkpoint(source):
         return whole_payload(source, device)
+    return _read_file(source, device, argument, shown=str(path))
+
+
+def _read_file(source: Path, device: torch.device | str | None, argument: str, *, shown: str) -> dict[str, Any]:
+    # The payload of the checkpoint file ``source`` (``shown`` in errors as the user gave it).
+    path = shown
     if not source.is_file():
         what = "it is a folder" if source.is_dir() else "there is no such file"
         raise FileNotFoundError(f"{argument}={str(path)!r} is not a checkpoint file: {what}")
@@ -370,7 +430,8 @@ def read_checkpoint(
 
 def _facts(path: str | os.PathLike[str], argument: str) -> dict[str, Any]:
     # What a checkpoint says of its run: a sharded folder's facts, else the file's payload.
-    return read_info(Path(path)) if is_sharded_checkpoint(path) else read_checkpoint(path, "cpu", argument=argument)
+    where = path if is_url(path) else Path(local_path(path))
+    return read_info(where) if is_sharded_checkpoint(where) else read_checkpoint(path, "cpu", argument=argument)
 
 
 def checkpoint_metadata(path: str | os.PathLike[str], *, argument: str = "checkpoint") -> dict[str, Any]:
@@ -518,20 +579,24 @@ def with_recorded_surgeries(
     return given
 
 
-def autoresume_path(save_folder: str | Path | None, load_path: str | Path | None) -> str | Path | None:
-    """Returns the newest checkpoint of ``save_folder`` (removing temporary files first), else ``load_path``."""
+def autoresume_path(save_folder: SaveFolder | None, load_path: str | Path | None) -> str | Path | None:
+    """Returns the newest checkpoint of ``save_folder`` (removing what interrupted writes left first), else
+    ``load_path``."""
     assert save_folder is not None
-    folder = Path(save_folder)
-    if folder.is_dir():
-        remove_stale_temporaries(folder)
-    newest = newest_checkpoint(folder)
+    if isinstance(save_folder, ObjectFolder) or save_folder.is_dir():
+        remove_stale_temporaries(save_folder)
+    newest = newest_checkpoint(save_folder)
     return newest if newest is not None else load_path
 
 
-def prepare_folder(folder: Path, argument: str, main: bool) -> None:
+def prepare_folder(folder: SaveFolder, argument: str, main: bool) -> None:
     """Makes ``folder`` ready for checkpoints: created when missing, and, on the main process (``main``), rid of the
     temporary files an interrupted write left; a file there, or a folder that cannot be created, is refused naming
-    ``argument``."""
+    ``argument``. A bucket's folder was checked when opened (``save_folder_of``)."""
+    if isinstance(folder, ObjectFolder):
+        if main:
+            remove_stale_temporaries(folder)
+        return
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{argument}={str(folder)!r} is a file; expected a folder (created if missing)")
     try:
@@ -637,14 +702,14 @@ def resume_run(
     return checkpoint.state, resumed
 
 
-ShardReader = Callable[[Path, State, bool], State]
+ShardReader = Callable[[str | os.PathLike[str], State, bool], State]
 """Reads a sharded checkpoint's folder into a run: ``(folder, template state, weights_only) -> state``."""
 
 
 class Shards(Protocol):
     """How a sharded run reads a checkpoint into its own shards (``sharding.RunShards``)."""
 
-    def read(self, folder: Path, template: State, weights_only: bool) -> State:
+    def read(self, folder: str | os.PathLike[str], template: State, weights_only: bool) -> State:
         """Returns the state of a sharded checkpoint's ``folder``, read into the run's shards."""
 
     def whole(self, template: State) -> State:
@@ -684,16 +749,7 @@ def save_sharded_to_folder(
     barrier()
     write(temporary)
     if main:
-        info = {
-            "format": FORMAT_VERSION,
-            "weights_only": weights_only,
-            "timestamp": timestamp.to_dict(),
-            "max_duration": None if timestamp.max_duration is None else str(timestamp.max_duration),
-            "algorithms": algorithms,
-            "algos_names": sorted(state.algos),
-            "metadata": dict(metadata or {}),
-        }
-        write_info(temporary, info)
+        write_info(temporary, _sharded_info(state, timestamp, algorithms, weights_only, metadata))
         sync_folder(temporary)
         if final.exists():  # saved at this batch before: the new one replaces it
             shutil.rmtree(final)
@@ -709,6 +765,61 @@ def save_sharded_to_folder(
     return final
 
 
+def _sharded_info(
+    state: State, timestamp: Timestamp, algorithms: str, weights_only: bool, metadata: dict[str, Any] | None
+) -> dict[str, Any]:
+    # The run's facts a sharded checkpoint holds beside its shards (``sharded_files.INFO``).
+    return {
+        "format": FORMAT_VERSION,
+        "weights_only": weights_only,
+        "timestamp": timestamp.to_dict(),
+        "max_duration": None if timestamp.max_duration is None else str(timestamp.max_duration),
+        "algorithms": algorithms,
+        "algos_names": sorted(state.algos),
+        "metadata": dict(metadata or {}),
+    }
+
+
+def save_to_bucket(
+    folder: ObjectFolder,
+    state: State,
+    timestamp: Timestamp,
+    algorithms: str,
+    *,
+    main: bool,
+    barrier: Callable[[], None],
+    shards: Callable[[bool], dict[str, Any]] | None = None,
+    name: str | None = None,
+    weights_only: bool = False,
+    metadata: dict[str, Any] | None = None,
+    keep: int = -1,
+) -> str:
+    """Returns the URL of the checkpoint of a run written into the bucket ``folder``, every process calling it (the
+    arguments are ``save_run``'s). A checkpoint file is written locally by the main process and uploaded whole
+    (visible once all its bytes are in); a sharded one is written there by every process, and counts once the main
+    process has written the run's facts into it, last. Then, unless it has its own ``name``, ``latest`` names it and
+    the newest ``keep`` are kept."""
+    final = name if name is not None else checkpoint_name(timestamp, sharded=shards is not None)
+    if shards is not None:
+        if main:
+            folder.remove(final)  # written at this batch before, or left by a killed write: replaced
+        barrier()
+        write_shards(folder.path(final), shards(weights_only))
+        if main:
+            write_info(folder.path(final), _sharded_info(state, timestamp, algorithms, weights_only, metadata))
+    elif main:
+        with tempfile.TemporaryDirectory(prefix="composer_fn-") as scratch:
+            local = save_checkpoint(
+                Path(scratch) / final, state, timestamp, algorithms, weights_only=weights_only, metadata=metadata
+            )
+            folder.put(local, final)
+    if main and name is None:
+        folder.write_text(LATEST, final)
+        prune_checkpoints(folder, keep)
+    barrier()
+    return folder.path(final)
+
+
 def load_sharded_checkpoint(
     path: str | os.PathLike[str],
     template: State,
@@ -721,7 +832,7 @@ def load_sharded_checkpoint(
     """Returns the sharded checkpoint in the folder ``path``, read by ``read`` into ``template``'s structure (a run
     of any number of processes: the shards are regrouped for it). With ``algorithms`` (JSON configs), a checkpoint
     trained with other algorithms is refused first; without ``weights_only``, one that holds weights only."""
-    folder = Path(path)
+    folder = path if is_url(path) else Path(local_path(path))
     info = read_info(folder)
     if info.get("format") != FORMAT_VERSION:
         raise ValueError(f"{argument}={str(path)!r} is not a checkpoint of format {FORMAT_VERSION}")
@@ -741,7 +852,7 @@ def load_sharded_checkpoint(
 
 
 def save_run(
-    folder: Path,
+    folder: SaveFolder,
     state: State,
     timestamp: Timestamp,
     algorithms: str,
@@ -753,12 +864,17 @@ def save_run(
     weights_only: bool = False,
     metadata: dict[str, Any] | None = None,
     keep: int = -1,
-) -> Path:
+) -> Path | str:
     """Returns the checkpoint of a run written into ``folder``, every process calling it: named ``name`` (and then
     neither ``latest`` nor the other checkpoints change), else ``checkpoint_name(timestamp)`` as ``save_to_folder``
     does. A sharded run's (``shards(weights_only)`` gives this process's tree: ``sharding.shards_tree``) is a folder
     each process writes its shards into (``save_sharded_to_folder``); any other is the main process's file, while
-    the others wait."""
+    the others wait. A folder in a bucket gets them by ``save_to_bucket`` (and the URL is returned)."""
+    if isinstance(folder, ObjectFolder):
+        return save_to_bucket(
+            folder, state, timestamp, algorithms, main=main, barrier=barrier, shards=shards, name=name,
+            weights_only=weights_only, metadata=metadata, keep=keep,
+        )  # fmt: skip
     if shards is not None:
         return save_sharded_to_folder(
             folder, state, timestamp, algorithms, write=lambda path: write_shards(path, shards(weights_only)), main=main,

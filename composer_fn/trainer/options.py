@@ -28,6 +28,7 @@ from composer_fn.core.time import Time, TimeUnit
 from composer_fn.loggers.base import Logger
 from composer_fn.profiler import Profiler
 from composer_fn.trainer.checks import check_loss_signature, plain_metadata
+from composer_fn.trainer.object_store import is_url, local_path
 from composer_fn.trainer.step import GRAD_MODES, GradMode
 
 __all__ = [
@@ -259,7 +260,8 @@ class Checkpointing:
     """Where and how often the run writes checkpoints.
 
     Args:
-        folder: where checkpoints go (``ep{epoch}-ba{batch}.pt`` and ``latest.pt``); None saves nothing. Temporary
+        folder: where checkpoints go (``ep{epoch}-ba{batch}.pt`` and ``latest.pt``), a local path or a bucket's URL
+            (``s3://bucket/run``: ``trainer.object_store``); None saves nothing. Temporary
             files an interrupted write left there are removed when the trainer is built.
         interval: how often to checkpoint (default ``'1ep'``); needs ``folder``.
         keep: how many of the newest checkpoints stay in ``folder``; -1 keeps all. Needs ``folder``.
@@ -316,7 +318,7 @@ class Checkpointing:
         )
         _set(
             self,
-            folder=Path(folder) if folder is not None else None,
+            folder=None if folder is None else folder if is_url(folder) else Path(local_path(folder)),
             interval=interval,
             keep=int(keep),
             weights_only=weights_only,

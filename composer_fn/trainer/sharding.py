@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -515,7 +515,7 @@ def reading_tree(template: State, module: nn.Module | None, *, weights_only: boo
     }
 
 
-def read_sharded_state(folder: Path, template: State, weights_only: bool, *, module: nn.Module | None, grouped: bool) -> State:
+def read_sharded_state(folder: str | os.PathLike[str], template: State, weights_only: bool, *, module: nn.Module | None, grouped: bool) -> State:
     """Returns the state of the sharded checkpoint in ``folder`` read into a run whose state is ``template`` and whose
     module is ``module`` (``reading_tree``): with ``grouped``, every process of the group reads its part together."""
     tree = reading_tree(template, module, weights_only=weights_only)
@@ -531,7 +531,7 @@ class RunShards:
         self.module = module
         self.grouped = grouped
 
-    def read(self, folder: Path, template: State, weights_only: bool) -> State:
+    def read(self, folder: str | os.PathLike[str], template: State, weights_only: bool) -> State:
         """Returns the state of the sharded checkpoint in ``folder`` (``read_sharded_state``)."""
         return read_sharded_state(folder, template, weights_only, module=self.module, grouped=self.grouped)
 

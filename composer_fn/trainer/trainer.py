@@ -50,7 +50,7 @@ from composer_fn.trainer.build import (
     to_device,
     train_inputs,
 )
-from composer_fn.trainer.checkpoint import prepare_folder, resume_run, save_run
+from composer_fn.trainer.checkpoint import SaveFolder, prepare_folder, resume_run, save_run
 from composer_fn.trainer.checks import check_algorithms_read
 from composer_fn.trainer.evaluation import due, evaluate_on, stopping
 from composer_fn.trainer.evaluator import Evaluator
@@ -65,6 +65,7 @@ from composer_fn.trainer.first_batch import (
 )
 from composer_fn.trainer.microbatch import Cut, failed_contribution, norm_statistics
 from composer_fn.trainer.model import evaluation_state, module_with
+from composer_fn.trainer.object_store import ObjectFolder, is_url, local_path, split_url
 from composer_fn.trainer.options import (
     BatchLayout,
     Checkpointing,
@@ -668,13 +669,16 @@ class Trainer(RunAttributes):
         )
         self._host_event(Event.AFTER_LOAD)
 
-    def save_checkpoint(self, path: str | Path) -> Path:
+    def save_checkpoint(self, path: str | Path) -> Path | str:
         """Returns the path written: the current state and timestamp, saved atomically (by rank 0, while the
         other processes wait; every process calls it). A sharded run writes a sharded checkpoint, the folder ``path``,
-        each process its shards."""
-        return self._write(Path(path).parent, Path(path).name)
+        each process its shards. A URL (``s3://bucket/run/final.pt``) is written into that bucket, and returned."""
+        if is_url(path):
+            folder, name = split_url(str(path))
+            return self._write(ObjectFolder(folder, argument="path"), name)
+        return self._write(Path(local_path(path)).parent, Path(local_path(path)).name)
 
-    def _write(self, folder: Path, name: str | None, weights_only: bool = False, keep: int = -1) -> Path:
+    def _write(self, folder: SaveFolder, name: str | None, weights_only: bool = False, keep: int = -1) -> Path | str:
         module, metadata = self.static.module, dict(self.options.checkpointing.metadata or {})
         shards = functools.partial(shards_tree, self.state, module) if is_sharded(module) else None
         return save_run(

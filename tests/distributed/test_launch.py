@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
+
+
+@functools.cache  # the one-process reference is the same for two tests
+def _one_process() -> list[str]:
+    return _train("--microbatch-size", "32", "--threads", "1")
 
 
 def _train(*flags: str, algorithms: str = "mixup,label_smoothing") -> list[str]:
@@ -24,23 +30,19 @@ def _train(*flags: str, algorithms: str = "mixup,label_smoothing") -> list[str]:
 
 def test_two_processes_by_torchrun_print_the_metrics_of_one_process_with_two_microbatches() -> None:
     two = _train("--nproc", "2")
-    one = _train("--microbatch-size", "32", "--threads", "1")
     assert len(two) == 1
-    assert two == one
+    assert two == _one_process()
 
 
-def test_two_sharded_processes_by_torchrun_print_the_metrics_of_one_process_with_two_microbatches() -> None:
-    two = _train("--nproc", "2", "--fsdp")
-    one = _train("--microbatch-size", "32", "--threads", "1")
-    assert len(two) == 1
-    assert two == one
-
-
-def test_a_sharded_run_from_the_command_line_saves_a_folder_that_exports_and_predicts(tmp_path: Path) -> None:
+def test_two_sharded_processes_by_torchrun_print_the_metrics_of_one_process_and_save_a_folder_that_exports_and_predicts(
+    tmp_path: Path,
+) -> None:
     from composer_fn.app.cli import main
 
     run = tmp_path / "run"
-    _train("--nproc", "2", "--fsdp", "--save-folder", str(run), algorithms="")
+    two = _train("--nproc", "2", "--fsdp", "--save-folder", str(run))
+    assert len(two) == 1
+    assert two == _one_process()
     saved = [path for path in run.iterdir() if path.is_dir() and not path.is_symlink() and not path.name.startswith(".")]
     assert len(saved) == 1 and (run / "latest").resolve() == saved[0].resolve()
     assert main(["export", str(run / "latest"), "--format", "torchscript", "--output", str(tmp_path / "m.pt")]) == 0

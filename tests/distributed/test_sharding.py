@@ -4,7 +4,7 @@ embedding and Llama, torchvision's ResNet and ViT)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from composer_fn.trainer.sharding import (
     shard_units,
 )
 from tests.distributed.launch import run_ranks
+from tests.local_s3 import local_s3, new_bucket
 
 WORLD = 2
 STEPS = 3
@@ -369,7 +370,7 @@ def _trained(trainer: Trainer) -> dict[str, Any]:
     }
 
 
-def _ranks(rank: int, root: str) -> dict[str, Any]:
+def _ranks(rank: int, root: str, bucket: str | None) -> dict[str, Any]:
     torch.distributed.init_process_group("gloo")
     results: dict[str, Any] = {"cnn-trainer": _trained(_cnn_trainer(rank, WORLD, parallelism=PublicFSDP()))}
     results["lm-trainer"] = _trained(_lm_trainer(rank, WORLD, parallelism=PublicFSDP()))
@@ -421,6 +422,16 @@ def _ranks(rank: int, root: str) -> dict[str, Any]:
     from_file = _lm_trainer(rank, WORLD, parallelism=PublicFSDP(), load_path=str(whole), algorithms=_ema())
     results["from_file_start"] = from_file.timestamp.batch
     results["from_file"] = _trained(from_file)
+    if bucket is not None:  # the same run into a bucket: every process writes its shards there, and reads them back
+        run = f"{bucket}/sharded"
+        results["saved-s3"] = _trained(
+            _lm_trainer(rank, WORLD, parallelism=PublicFSDP(), save_folder=run, save_interval="2ba", algorithms=_ema())
+        )
+        from composer_fn.trainer.object_store import ObjectFolder
+
+        results["bucket"] = ObjectFolder(run, argument="test").names() if rank == 0 else []
+        resumed = _lm_trainer(rank, WORLD, parallelism=PublicFSDP(), load_path=f"{run}/ep0-ba2", algorithms=_ema())
+        results["resumed-s3"] = {"start": resumed.timestamp.batch, **_trained(resumed)}
     for case, optimizer in RUNS:
         ours, facts = _ours(case, optimizer, rank, FSDP())
         again, _ = _ours(case, optimizer, rank, FSDP())
@@ -436,9 +447,16 @@ def _ranks(rank: int, root: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[dict[str, Any]]]:
     root = tmp_path_factory.mktemp("sharding")
-    return run_ranks(_ranks, WORLD, root, str(root))
+    try:
+        import moto.server  # noqa: F401
+        import s3fs  # noqa: F401
+    except ImportError:  # without the object-store extras, the bucket's part is left out
+        yield run_ranks(_ranks, WORLD, root, str(root), None)
+        return
+    with local_s3():
+        yield run_ranks(_ranks, WORLD, root, str(root), new_bucket())
 
 
 @pytest.mark.parametrize(("case", "optimizer"), RUNS)
@@ -595,6 +613,17 @@ def test_a_sharded_checkpoint_is_a_folder_of_every_process_s_shards_and_resumes_
             assert torch.equal(rank["resumed"]["params"][name], value), name  # bitwise: the same arithmetic
             assert torch.equal(rank["from_file"]["params"][name], value), name
         assert rank["resumed"]["tied"] and rank["from_file"]["tied"] and rank["from_file_start"] == 2
+
+
+def test_a_sharded_run_saves_into_a_bucket_and_resumes_from_it_as_from_a_folder(ranks: list[dict[str, Any]]) -> None:
+    if "saved-s3" not in ranks[0]:
+        pytest.skip("s3fs and moto are not installed (composer_fn[s3] and the dev extras)")
+    assert ranks[0]["bucket"] == ["ep0-ba2", "ep0-ba4", "latest"]
+    for rank in ranks:
+        assert rank["resumed-s3"]["start"] == 2
+        for name, value in rank["saved"]["params"].items():
+            assert torch.equal(rank["saved-s3"]["params"][name], value), name
+            assert torch.equal(rank["resumed-s3"]["params"][name], value), name
 
 
 def test_one_process_resumes_a_two_process_sharded_checkpoint(ranks: list[dict[str, Any]]) -> None:

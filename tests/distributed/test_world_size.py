@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +20,9 @@ from tests.distributed.launch import run_ranks
 DATA = synthetic_images(key(1), 76, num_classes=4, shape=(1, 8, 8))
 HELD_OUT = synthetic_images(key(2), 37, num_classes=4, shape=(1, 8, 8))
 OPTIMIZERS = {"sgd": lambda: sgd(0.1, momentum=0.9), "adamw": lambda: adamw(0.01, weight_decay=0.01)}
-RUNS = [(optimizer, compile) for optimizer in OPTIMIZERS for compile in (False, "aot_eager")]
+# Both optimizers eagerly; compiled once (how the step is compiled does not depend on the optimizer's rule), on a
+# model with a layer its forward never calls (``_WithUnusedLayers``).
+RUNS = [("sgd", False), ("adamw", False), ("adamw", "aot_eager")]
 # Per-example draws are made for the global batch; each microbatch reads them from its place in it.
 PER_SAMPLE = ("sgd", False, "per_sample")
 # Channels-last weights: the sum across processes comes back contiguous and must meet them in their layout.
@@ -31,9 +34,10 @@ LANGUAGE = ("adamw", False, "gpt2")
 # The same GPT-2 with its own dropout: each microbatch draws from the seed, the step and its place in the batch.
 DROPOUT = ("adamw", False, "gpt2-dropout")
 # Parameters without a gradient under AdamW's weight decay: a layer nothing calls, and one that a microbatch
-# calls or not (so on one rank and not the other); compiled, the layer nothing calls.
+# calls or not (so on one rank and not the other). The compiled run of RUNS has a layer nothing calls too.
 UNUSED = ("adamw", False, "unused")
-UNUSED_COMPILED = ("adamw", "aot_eager", "unused")
+# A Hugging Face datasets table of packed text rows (a tokenizer trained on the corpus), read by DatasetLoader.
+DATASETS = ("adamw", False, "datasets")
 
 
 class _WithUnusedLayers(nn.Module):
@@ -120,18 +124,38 @@ def _unused_trainer(rank: int, world: int, compile: Any, **arguments: Any) -> Tr
     return _trainer(rank, world, "adamw", compile, model=model, algorithms=[EMA()], **arguments)
 
 
+def _run_trainer(rank: int, world: int, optimizer: str, compile: Any, **arguments: Any) -> Trainer:
+    # A run of RUNS: compiled, on a model with a layer nothing calls.
+    if compile:
+        torch.manual_seed(4)
+        arguments["model"] = _WithUnusedLayers(sometimes=False)
+    return _trainer(rank, world, optimizer, compile, **arguments)
+
+
 def _result(trainer: Trainer) -> dict[str, Any]:
     state = trainer.state
     return {"params": state.params, "opt": state.opt, "algos": state.algos, "metrics": trainer.metrics}
 
 
-def _train_each(rank: int, root: str) -> dict[tuple[str, Any], dict[str, Any]]:
+def _hf_trainer(rank: int, world: int, corpus: str, **arguments: Any) -> Trainer:
+    import datasets
+
+    from composer_fn.data.hf import DatasetLoader
+    from tests.data.test_hf import gpt2_for
+
+    packed = datasets.load_from_disk(str(Path(corpus) / "packed"))
+    loader = DatasetLoader(packed, 8 // world, seed=5, rank=rank, world_size=world)
+    model = gpt2_for(int((Path(corpus) / "vocab").read_text()))
+    return Trainer(model, loader, max_duration="4ba", optimizer=adamw(0.01), progress_bar=False, seed=2, **arguments)
+
+
+def _train_each(rank: int, root: str, corpus: str | None) -> dict[tuple[str, Any], dict[str, Any]]:
     results = {}
     trainer = _folder_trainer(rank, 2, root)
     trainer.fit()
     results[FOLDER] = _result(trainer)
     for optimizer, compile in RUNS:
-        trainer = _trainer(rank, 2, optimizer, compile)
+        trainer = _run_trainer(rank, 2, optimizer, compile)
         trainer.fit()
         results[optimizer, compile] = _result(trainer)
     trainer = _trainer(rank, 2, "sgd", False, algorithms=_per_sample_algorithms())
@@ -147,10 +171,13 @@ def _train_each(rank: int, root: str) -> dict[tuple[str, Any], dict[str, Any]]:
         trainer = _lm_trainer(rank, 2, dropout=0.1)
         trainer.fit()
     results[DROPOUT] = _result(trainer)
-    for case, compile in ((UNUSED, False), (UNUSED_COMPILED, "aot_eager")):
-        trainer = _unused_trainer(rank, 2, compile)
+    trainer = _unused_trainer(rank, 2, False)
+    trainer.fit()
+    results[UNUSED] = _result(trainer)
+    if corpus is not None:
+        trainer = _hf_trainer(rank, 2, corpus)
         trainer.fit()
-        results[case] = _result(trainer)
+        results[DATASETS] = _result(trainer)
     return results
 
 
@@ -162,7 +189,26 @@ def _per_sample_algorithms() -> list[Any]:
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[tuple[str, Any], dict[str, Any]]]:
     root = tmp_path_factory.mktemp("images")
     _write_folder(root)
-    return run_ranks(_train_each, 2, tmp_path_factory.mktemp("ranks"), str(root))
+    return run_ranks(_train_each, 2, tmp_path_factory.mktemp("ranks"), str(root), _corpus(tmp_path_factory))
+
+
+def _corpus(tmp_path_factory: pytest.TempPathFactory) -> str | None:
+    # The packed text table and its tokenizer's size, saved for the processes to read; None without datasets.
+    try:
+        import datasets  # noqa: F401
+        import tokenizers  # noqa: F401
+    except ImportError:
+        return None
+    from tests.data.test_hf import packed_corpus
+
+    folder = tmp_path_factory.mktemp("corpus")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_DATASETS_OFFLINE", "1")
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        packed, tokenizer = packed_corpus(folder)
+    packed.save_to_disk(str(folder / "packed"))
+    (folder / "vocab").write_text(str(tokenizer.get_vocab_size()))
+    return str(folder)
 
 
 @pytest.fixture(scope="module")
@@ -185,9 +231,15 @@ def _assert_bitwise(one: Any, other: Any, what: str) -> None:
 def test_two_ranks_equal_one_process_with_their_batches_as_microbatches(
     two_ranks: list[dict[tuple[str, Any], dict[str, Any]]], optimizer: str, compile: Any
 ) -> None:
-    one = _trainer(0, 1, optimizer, compile, device_train_microbatch_size=8)
+    one = _run_trainer(0, 1, optimizer, compile, device_train_microbatch_size=8)
+    initial = {name: p.detach().clone() for name, p in one.model.named_parameters()}
     one.fit()
     expected = _result(one)
+    if compile:  # compiled, the layer nothing calls keeps its values and takes no step, as torch.optim skips it
+        for name in ("spare.weight", "spare.bias"):
+            assert torch.equal(expected["params"][name], initial[name])
+            assert expected["opt"]["adam"].count[name].item() == 0
+        assert expected["opt"]["adam"].count["body.head.weight"].item() == 20
     for rank in range(2):
         got = two_ranks[rank][optimizer, compile]
         for field in ("params", "opt", "algos"):
@@ -268,6 +320,20 @@ def test_a_language_model_on_two_ranks_equals_one_process_whatever_tokens_each_r
             torch.testing.assert_close(two_ranks[rank][LANGUAGE]["params"][name], value, rtol=0, atol=1e-4)
 
 
+def test_a_datasets_text_table_on_two_ranks_equals_one_process_with_their_batches_as_microbatches(
+    two_ranks: list[dict[tuple[str, Any], dict[str, Any]]], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    if DATASETS not in two_ranks[0]:
+        pytest.skip("datasets and tokenizers are not installed (composer_fn[datasets])")
+    corpus = str(sorted(tmp_path_factory.getbasetemp().glob("corpus*"))[0])
+    one = _hf_trainer(0, 1, corpus, device_train_microbatch_size=4)
+    one.fit()
+    expected = _result(one)
+    for rank in range(2):
+        for field in ("params", "opt"):
+            _assert_bitwise(expected[field], two_ranks[rank][DATASETS][field], f"rank {rank}'s {field} (datasets)")
+
+
 def test_the_models_own_dropout_on_two_ranks_equals_one_process_with_their_batches_as_microbatches(
     two_ranks: list[dict[tuple[str, Any], dict[str, Any]]],
 ) -> None:
@@ -284,11 +350,11 @@ def test_the_models_own_dropout_on_two_ranks_equals_one_process_with_their_batch
     assert not torch.equal(two_ranks[0][LANGUAGE]["params"]["transformer.wte.weight"], expected["params"]["transformer.wte.weight"])
 
 
-@pytest.mark.parametrize("case", [UNUSED, UNUSED_COMPILED], ids=["eager", "compiled"])
 def test_parameters_without_a_gradient_on_two_ranks_move_as_in_one_process_and_as_torch_optim_skips_them(
-    two_ranks: list[dict[tuple[str, Any], dict[str, Any]]], case: tuple[str, Any, str]
+    two_ranks: list[dict[tuple[str, Any], dict[str, Any]]],
 ) -> None:
-    one = _unused_trainer(0, 1, case[1], device_train_microbatch_size=8)
+    case = UNUSED
+    one = _unused_trainer(0, 1, False, device_train_microbatch_size=8)
     initial = {name: p.detach().clone() for name, p in one.model.named_parameters()}
     one.fit()
     expected = _result(one)
@@ -301,6 +367,5 @@ def test_parameters_without_a_gradient_on_two_ranks_move_as_in_one_process_and_a
         assert torch.equal(expected["params"][name], initial[name])
         assert counts[name].item() == 0
     assert counts["body.head.weight"].item() == 20
-    if case == UNUSED:
-        # The layer some microbatches call: stepped on the steps where one of them, on either rank, called it.
-        assert 0 < counts["extra.weight"].item() < 20
+    # The layer some microbatches call: stepped on the steps where one of them, on either rank, called it.
+    assert 0 < counts["extra.weight"].item() < 20
