@@ -21,8 +21,8 @@ files on disk to float batches (load and parse time included on both sides):
 
 - A Hugging Face ``datasets`` table (``--token-rows`` rows of 128 token ids, saved to disk and memory-mapped back,
   as ``datasets.load_from_disk`` gives it): our ``DatasetLoader`` vs a torch ``DataLoader`` over the same table
-  (``with_format("torch")``, shuffled, default collation). A second table times a start mid-epoch, at an early and
-  a late batch ``k``: the time to the first batch of ``iter_from(0, k)`` for ours, and of the ``DataLoader``'s
+  (``with_format("torch")``, shuffled, default collation). A second table times a start mid-epoch, at an early, a
+  middle and a late batch ``k``: the time to the first batch of ``iter_from(0, k)`` for ours, and of the ``DataLoader``'s
   epoch with its first ``k`` batches passed over (what a loader without ``iter_from`` does to resume).
 
 Rounds rotate the order of the contenders; tables show the median rate and the ratio ours / theirs.
@@ -39,7 +39,7 @@ import gzip
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -268,23 +268,28 @@ def torch_datasets(table: Any) -> Contender:
     return run
 
 
-def time_to_batch(table: Any, batch: int, rounds: int) -> tuple[float, float]:
-    """Returns the median seconds to the first batch of an epoch started at ``batch``: ours (``iter_from``), and a
-    ``DataLoader``'s that passes over the batches before it."""
+def time_to_batch(table: Any, batches: Sequence[int], rounds: int) -> dict[int, tuple[float, float]]:
+    """Returns, for each start ``batch``, the median seconds to the first batch of an epoch started there: ours
+    (``iter_from``), and a ``DataLoader``'s that passes over the batches before it. Ours are all timed first, so
+    that none follows the other's long pass over the table."""
     import itertools
 
     from composer_fn.data.hf import DatasetLoader
 
-    ours, theirs = [], []
+    ours: dict[int, list[float]] = {batch: [] for batch in batches}
+    theirs: dict[int, list[float]] = {batch: [] for batch in batches}
     for _ in range(rounds):
-        started = time.perf_counter()
-        next(iter(DatasetLoader(table, BATCH, seed=0).iter_from(0, batch)))
-        ours.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        loader = torch.utils.data.DataLoader(table.with_format("torch"), batch_size=BATCH, shuffle=True)
-        next(itertools.islice(iter(loader), batch, None))
-        theirs.append(time.perf_counter() - started)
-    return statistics.median(ours), statistics.median(theirs)
+        for batch in batches:
+            started = time.perf_counter()
+            next(iter(DatasetLoader(table, BATCH, seed=0).iter_from(0, batch)))
+            ours[batch].append(time.perf_counter() - started)
+    for _ in range(rounds):
+        for batch in batches:
+            started = time.perf_counter()
+            loader = torch.utils.data.DataLoader(table.with_format("torch"), batch_size=BATCH, shuffle=True)
+            next(itertools.islice(iter(loader), batch, None))
+            theirs[batch].append(time.perf_counter() - started)
+    return {batch: (statistics.median(ours[batch]), statistics.median(theirs[batch])) for batch in batches}
 
 
 def measure(pairs: dict[str, tuple[Contender, Contender]], rounds: int) -> dict[str, dict[str, list[float]]]:
@@ -342,7 +347,7 @@ def main() -> None:
         pairs[name] = (ours_datasets(table), torch_datasets(table))
         rates = measure(pairs, args.rounds)
         batches = -(-args.token_rows // BATCH)
-        starts = {k: time_to_batch(table, k, args.rounds) for k in (1, batches - 1)}
+        starts = time_to_batch(table, (1, batches // 2, batches - 1), args.rounds)
     print(
         f"one shuffled training epoch from the files, batches of {BATCH}, CPU, {args.threads} thread(s), torch "
         f"{torch.__version__}; Fashion-MNIST: {source}; CIFAR-10: {args.cifar_images} synthetic images; folder: "
