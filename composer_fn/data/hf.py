@@ -17,7 +17,6 @@ documents joined by the end-of-text token.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -26,7 +25,7 @@ from torch import Tensor
 
 from composer_fn.core.random import host_bits, host_fold_in, host_key, key
 from composer_fn.core.validate import flag, integer
-from composer_fn.data.loader import _rank_and_world_size, epoch_order, rank_slice
+from composer_fn.data.loader import GlobalBatches, _rank_and_world_size, epoch_order, rank_slice
 
 __all__ = ["DatasetLoader", "packed_text"]
 
@@ -41,7 +40,7 @@ def _datasets() -> Any:
     return datasets
 
 
-class DatasetLoader:
+class DatasetLoader(GlobalBatches):
     """Batches of rows of a Hugging Face ``datasets.Dataset`` (or ``IterableDataset``) as dicts of tensors, in an
     order that is a pure function of seed and epoch (see the module docstring).
 
@@ -108,35 +107,6 @@ class DatasetLoader:
         self._size = dataset.num_rows if not self.streamed else _count_rows(self.dataset)
         if self._size < 1:
             raise ValueError("dataset has no rows: expected at least one")
-
-    @property
-    def dataset_size(self) -> int:
-        """Returns the number of rows (an ``IterableDataset``'s counted by one read of the stream when built)."""
-        return self._size
-
-    @property
-    def epoch(self) -> int:
-        """Returns the epoch whose order ``__iter__`` follows."""
-        return self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Selects the epoch whose order the next ``__iter__`` follows."""
-        self._epoch = integer("epoch", epoch, minimum=0)
-
-    @property
-    def global_batch_size(self) -> int:
-        """Returns the number of rows a step takes across all ranks: ``batch_size * world_size``."""
-        return self.batch_size * self.world_size
-
-    def global_samples(self, batch_in_epoch: int) -> int:
-        """Returns the number of rows all ranks' ``batch_in_epoch``-th batches of an epoch hold together."""
-        return max(0, min(self.global_batch_size, self._size - batch_in_epoch * self.global_batch_size))
-
-    def __len__(self) -> int:
-        """Returns the number of batches in one epoch (the same on every rank)."""
-        if self.drop_last:
-            return self._size // self.global_batch_size
-        return math.ceil(self._size / self.global_batch_size)
 
     def order(self, epoch: int) -> Tensor:
         """Returns the ``int64`` row indices of ``epoch`` in the order they are visited (a ``Dataset``'s)."""

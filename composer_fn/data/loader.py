@@ -12,7 +12,7 @@ from torch import Tensor
 from composer_fn.core.random import fold_in, key, permutation
 from composer_fn.core.validate import flag, integer
 
-__all__ = ["TensorLoader", "epoch_order", "rank_slice"]
+__all__ = ["GlobalBatches", "TensorLoader", "epoch_order", "rank_slice"]
 
 
 def epoch_order(root: Tensor, epoch: int, size: int, shuffle: bool) -> Tensor:
@@ -31,7 +31,48 @@ def rank_slice(batch: int, batch_size: int, rank: int, world_size: int, size: in
     return slice(begin, min(begin + batch_size, size))
 
 
-class TensorLoader:
+class GlobalBatches:
+    """What a loader that cuts each epoch's order into global batches shared by ranks knows of its epochs (the part
+    ``TensorLoader`` and ``hf.DatasetLoader`` share): its ``_size`` rows, ``batch_size`` a rank, ``world_size``
+    ranks, ``drop_last``, and the epoch it is told (``_epoch``)."""
+
+    _size: int
+    _epoch: int
+    batch_size: int
+    world_size: int
+    drop_last: bool
+
+    @property
+    def dataset_size(self) -> int:
+        """Returns the number of samples (rows) the loader holds."""
+        return self._size
+
+    @property
+    def epoch(self) -> int:
+        """Returns the epoch whose order ``__iter__`` follows."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch whose order the next ``__iter__`` follows."""
+        self._epoch = integer("epoch", epoch, minimum=0)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Returns the number of samples a step takes across all ranks: ``batch_size * world_size``."""
+        return self.batch_size * self.world_size
+
+    def global_samples(self, batch_in_epoch: int) -> int:
+        """Returns the number of samples all ranks' ``batch_in_epoch``-th batches of an epoch hold together."""
+        return max(0, min(self.global_batch_size, self._size - batch_in_epoch * self.global_batch_size))
+
+    def __len__(self) -> int:
+        """Returns the number of batches in one epoch (the same on every rank)."""
+        if self.drop_last:
+            return self._size // self.global_batch_size
+        return math.ceil(self._size / self.global_batch_size)
+
+
+class TensorLoader(GlobalBatches):
     """Batches of rows from tensors held in memory, in an order that is a pure function of seed and epoch.
 
     The order of epoch ``e`` is ``permutation(fold_in(key(seed), e), n)`` when ``shuffle`` is true and
@@ -91,35 +132,6 @@ class TensorLoader:
         self._epoch = 0
         self._size = size
         self.rank, self.world_size = _rank_and_world_size(rank, world_size)
-
-    @property
-    def dataset_size(self) -> int:
-        """Returns the number of samples (rows) in the tensors."""
-        return self._size
-
-    @property
-    def epoch(self) -> int:
-        """Returns the epoch whose order ``__iter__`` follows."""
-        return self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Selects the epoch whose order the next ``__iter__`` follows."""
-        self._epoch = integer("epoch", epoch, minimum=0)
-
-    @property
-    def global_batch_size(self) -> int:
-        """Returns the number of samples a step takes across all ranks: ``batch_size * world_size``."""
-        return self.batch_size * self.world_size
-
-    def global_samples(self, batch_in_epoch: int) -> int:
-        """Returns the number of samples all ranks' ``batch_in_epoch``-th batches of an epoch hold together."""
-        return max(0, min(self.global_batch_size, self._size - batch_in_epoch * self.global_batch_size))
-
-    def __len__(self) -> int:
-        """Returns the number of batches in one epoch (the same on every rank)."""
-        if self.drop_last:
-            return self._size // self.global_batch_size
-        return math.ceil(self._size / self.global_batch_size)
 
     def order(self, epoch: int) -> Tensor:
         """Returns the ``int64`` sample indices of ``epoch`` in the order they are visited."""
