@@ -17,6 +17,7 @@ documents joined by the end-of-text token.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -103,6 +104,11 @@ class DatasetLoader(GlobalBatches):
             raise ValueError(f"columns={list(columns)!r}: the dataset has no column {missing[0]!r}; it has {names}")
         self.columns = tuple(columns)
         self.streamed = isinstance(dataset, datasets.IterableDataset)
+        if not self.streamed and buffer_size != 10_000:
+            raise ValueError(
+                f"buffer_size={buffer_size!r} applies to a datasets.IterableDataset's shuffle buffer; a datasets.Dataset "
+                "is shuffled by a keyed permutation of all its rows: drop buffer_size"
+            )
         self.dataset = dataset.select_columns(list(self.columns)).with_format("torch")
         self._size = dataset.num_rows if not self.streamed else _count_rows(self.dataset)
         if self._size < 1:
@@ -145,7 +151,12 @@ class DatasetLoader(GlobalBatches):
         rows = iter(stream)
         for batch in range(stop):
             size = self.global_samples(batch)
-            taken = [next(rows) for _ in range(size)]
+            taken = list(itertools.islice(rows, size))
+            if len(taken) < size:
+                raise ValueError(
+                    f"dataset's stream ended after {batch * self.global_batch_size + len(taken)} rows in epoch {epoch}; "
+                    f"it held {self._size} when the loader was built: expected a stream of the same rows every epoch"
+                )
             if batch < start:
                 continue
             share = taken[rank_slice(0, self.batch_size, self.rank, self.world_size, size)]

@@ -130,6 +130,8 @@ def test_bad_inputs_name_the_argument(corpus: tuple[Any, Any]) -> None:
     packed, _ = corpus
     with pytest.raises(ValueError, match=r"columns=\['input_ids', 'tokens'\]: the dataset has no column 'tokens'"):
         DatasetLoader(packed, 4, columns=["input_ids", "tokens"])
+    with pytest.raises(ValueError, match=r"buffer_size=64 applies to a datasets.IterableDataset's shuffle buffer"):
+        DatasetLoader(packed, 4, buffer_size=64)
     with pytest.raises(TypeError, match="not a DatasetDict: pick a split"):
         DatasetLoader(datasets.DatasetDict({"train": packed}), 4)
     ragged = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5]]})
