@@ -83,7 +83,11 @@ DATA = (
     "cifar100",
     "imagefolder",
 )
-"""The datasets ``--data`` reads from disk (``composer_fn.data.DATASETS``)."""
+"""The image datasets ``--data`` reads from disk (``composer_fn.data.DATASETS``)."""
+
+TEXT_DATA = ("python-docs", "hf:PATH")
+"""The text corpora ``--data`` reads (``composer_fn.data.corpus``): the Python documentation's sources, or a local
+file or folder read with Hugging Face ``datasets``."""
 
 ALGORITHMS = (
     "alibi", "augmix", "blurpool", "channels_last", "colout", "cutmix", "cutout", "early_stopper", "ema", "factorize",
@@ -96,6 +100,7 @@ ALGORITHMS = (
 that help answers without loading torch)."""
 
 _DATA_BATCH_SIZE, _DATA_LEARNING_RATE, _DATA_MODEL = 128, 0.1, "cifar_resnet20"
+_TEXT_BATCH_SIZE, _TEXT_LEARNING_RATE, _TEXT_MODEL = 32, 1e-3, "gpt2"
 
 _DIGITS = "scikit-learn's bundled 8x8 handwritten digits (1437 train / 360 held out), a small CNN with BatchNorm"
 _SYNTHETIC = "a keyed synthetic 10-class 3x16x16 image task, a small CNN"
@@ -109,17 +114,23 @@ TASKS: dict[str, Task] = {
 
 @dataclass(frozen=True)
 class Prepared:
-    """What a run trains on: its loaders, the shape of its images and its classes, and its defaults."""
+    """What a run trains on: its loaders, the shape of a sample (an image's ``(C, H, W)``, a text row's
+    ``(sequence_length,)``), its classes (a text corpus: its tokens), its defaults, and a text run's corpus."""
 
     name: str
     train: Any
     heldout: Any
-    image_shape: tuple[int, int, int]
+    sample_shape: tuple[int, ...]
     num_classes: int
     model: str
     batch_size: int
     learning_rate: float
     unit_range: bool
+    corpus: Any = None
+
+
+def _is_text(name: str | None) -> bool:
+    return name is not None and (name == "python-docs" or name.startswith("hf:"))
 
 
 def _source(args: argparse.Namespace) -> tuple[str, int, float, str]:
@@ -130,6 +141,8 @@ def _source(args: argparse.Namespace) -> tuple[str, int, float, str]:
         name = args.task or "digits"
         task = TASKS[name]
         return name, task.batch_size, task.learning_rate, task.model
+    if _is_text(args.data):
+        return args.data, _TEXT_BATCH_SIZE, _TEXT_LEARNING_RATE, _TEXT_MODEL
     return args.data, _DATA_BATCH_SIZE, _DATA_LEARNING_RATE, _DATA_MODEL
 
 
@@ -142,6 +155,8 @@ def _prepare(args: argparse.Namespace, unit_range: bool, world_size: int = 1) ->
     if batch_size % world_size:
         raise ValueError(f"--batch-size={batch_size} must be a multiple of the {world_size} processes (the global batch)")
     rank_batch = batch_size // world_size
+    if _is_text(name):
+        return _prepare_text(args, name, batch_size, rank_batch, learning_rate, model)
     if name in TASKS:
         train, heldout = TASKS[name].data(args.seed, unit_range)
         shape = tuple(train[0].shape[1:])
@@ -162,7 +177,7 @@ def _prepare(args: argparse.Namespace, unit_range: bool, world_size: int = 1) ->
             num_workers=getattr(args, "num_workers", 0) or 0,
             seed=args.seed,
         )
-        shape, num_classes = tuple(data.image_shape), data.num_classes
+        shape, num_classes = tuple(data.image_shape), data.num_classes  # an image dataset's
         if isinstance(data, ImageTask):
             loaders = (
                 TensorLoader(data.train, rank_batch, shuffle=True, seed=args.seed),
@@ -173,13 +188,45 @@ def _prepare(args: argparse.Namespace, unit_range: bool, world_size: int = 1) ->
     return Prepared(name, *loaders, shape, num_classes, model, batch_size, learning_rate, unit_range)  # type: ignore[arg-type]
 
 
+def _prepare_text(
+    args: argparse.Namespace, name: str, batch_size: int, rank_batch: int, learning_rate: float, model: str
+) -> Prepared:
+    """Returns a text corpus's rows (``composer_fn.data.corpus``): ``--data python-docs`` (its folder may be given
+    with ``--data-dir``) or ``hf:PATH``, tokenized with ``--tokenizer`` into rows of ``--sequence-length``."""
+    from composer_fn.data.corpus import load_text_corpus
+    from composer_fn.data.hf import DatasetLoader
+
+    source: str | Path = name[len("hf:") :] if name.startswith("hf:") else name
+    if name == "python-docs" and getattr(args, "data_dir", None) is not None:
+        source = args.data_dir
+    corpus = load_text_corpus(
+        source,
+        sequence_length=getattr(args, "sequence_length", 128),
+        text_column=getattr(args, "text_column", "text"),
+        tokenizer=getattr(args, "tokenizer", "bpe"),
+    )
+    columns = ("input_ids", "labels")
+    train = DatasetLoader(corpus.train, rank_batch, columns=columns, shuffle=True, drop_last=True, seed=args.seed)
+    heldout = DatasetLoader(corpus.heldout, 64, columns=columns, shuffle=False)
+    return Prepared(
+        name, train, heldout, (corpus.sequence_length,), corpus.vocab_size, model, batch_size, learning_rate, False, corpus
+    )
+
+
 def _model(name: str, data: Prepared, seed: int, options: dict[str, object]) -> nn.Module:
-    """Returns the untrained model ``name`` fitted to the data's images and classes, its weights drawn from the
-    run's seed."""
+    """Returns the untrained model ``name`` fitted to the data's images and classes (a text corpus: its tokens and
+    row length), its weights drawn from the run's seed."""
     from composer_fn.core import random as R
+
+    if data.corpus is not None:
+        from composer_fn.models.hf_lm import build_causal_lm
+
+        return build_causal_lm(
+            name, data.num_classes, data.sample_shape[0], key=R.key(seed), options=options, end_of_text=data.corpus.end_of_text
+        )
     from composer_fn.models.zoo import build_model
 
-    return build_model(name, data.image_shape, data.num_classes, key=R.key(seed), options=options)
+    return build_model(name, data.sample_shape, data.num_classes, key=R.key(seed), options=options)  # type: ignore[arg-type]
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -261,9 +308,10 @@ _RATIO = _checked("a finite number > 0, e.g. 0.5", float, lambda x: math.isfinit
 _COUNT = _checked("a whole number >= 0", int, lambda n: n >= 0)
 _DIRECTORY = _checked("an existing folder", Path, Path.is_dir)
 _MODEL = _checked(
-    "a model name: small_cnn, mlp, cifar_resnet20, cifar_resnet56, or a torchvision.models classification model",
+    "a model name: small_cnn, mlp, cifar_resnet20, cifar_resnet56, or a torchvision.models classification model "
+    "(for text data: a transformers causal language model type, e.g. gpt2)",
     str,
-    lambda name: bool(name) and name.replace("_", "").isalnum(),
+    lambda name: bool(name) and name.replace("_", "").replace("-", "").isalnum(),
 )
 def _model_kwargs(text: str) -> dict[str, object] | None:
     """Returns ``name=value`` pairs separated by commas as a dict: ints, floats, true/false, else strings."""
@@ -321,17 +369,55 @@ def _deepspeed_file(text: str) -> Path:
     return Path(text)
 
 
-def _data_flags(command: argparse.ArgumentParser, omitted: str = "the embedded --task") -> None:
-    command.add_argument("--data", default=None, choices=DATA, help=f"a dataset on disk: {', '.join(DATA)} ({omitted} if omitted)")
+_DATA_NAME = _checked(
+    f"one of {', '.join(DATA)}, python-docs, or hf:PATH (a local file or folder of text or tables)",
+    str,
+    lambda name: name in DATA or name == "python-docs" or (name.startswith("hf:") and len(name) > len("hf:")),
+)
+_SEQUENCE_LENGTH = _checked("a whole number >= 2 of tokens", int, lambda n: n >= 2)
+_TEXT_COLUMN = _checked("a column's name", str, lambda name: bool(name.strip()))
+_TOKENIZER = _checked(
+    "bpe, bpe:N (a byte-level BPE of N >= 257 tokens trained on the training text), a tokenizer.json file, or a "
+    "folder holding a transformers tokenizer",
+    str,
+    lambda text: (text.startswith("bpe") and (text == "bpe" or (text[:4] == "bpe:" and text[4:].isdigit() and int(text[4:]) >= 257)))
+    or Path(text).exists(),
+)
+
+
+def _data_flags(command: argparse.ArgumentParser, omitted: str = "the embedded --task", text: bool = True) -> None:
+    command.add_argument(
+        "--data",
+        type=_DATA_NAME,
+        default=None,
+        help=f"a dataset on disk: {', '.join(DATA)}; or a text corpus for a causal language model: python-docs (Debian's "
+        f"python3-doc), hf:PATH (a local file or folder read with Hugging Face datasets) ({omitted} if omitted)",
+    )
     command.add_argument(
         "--data-dir",
         type=_DIRECTORY,
         default=None,
         help="where it is: torchvision's root (<dir>/FashionMNIST/raw, <dir>/cifar-10-batches-bin), the files' own "
-        "folder, or an image folder (one subfolder a class); Fashion-MNIST defaults to the Debian package's",
+        "folder, or an image folder (one subfolder a class); Fashion-MNIST and python-docs default to the Debian "
+        "package's",
     )
     command.add_argument(
         "--image-size", type=_POSITIVE_INT, default=None, help="imagefolder: the side images are resized to (their own size if omitted)"
+    )
+    if not text:
+        return
+    command.add_argument(
+        "--text-column", type=_TEXT_COLUMN, default="text", help="text data: the column holding the documents"
+    )
+    command.add_argument(
+        "--tokenizer",
+        type=_TOKENIZER,
+        default="bpe",
+        help="text data: bpe or bpe:N (a byte-level BPE of N tokens, 4096 by default, trained on the training "
+        "documents), a tokenizer.json file, or a transformers tokenizer's folder",
+    )
+    command.add_argument(
+        "--sequence-length", type=_SEQUENCE_LENGTH, default=128, help="text data: the tokens of a training row"
     )
 
 
@@ -360,7 +446,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             "--model",
             type=_MODEL,
             default=None,
-            help=f"{', '.join(ZOO)}, or any torchvision.models classification model by name (the task's if omitted)",
+            help=f"{', '.join(ZOO)}, or any torchvision.models classification model by name; for text data, a "
+            "transformers causal language model type: gpt2, llama, ... (the task's if omitted)",
         )
         sub.add_argument(
             "--model-kwargs",
@@ -489,7 +576,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     )
     predict = commands.add_parser("predict", help="write a checkpoint's predictions for a dataset as CSV")
     predict.add_argument("checkpoint", type=_CHECKPOINT, help="a checkpoint written by composer-fn train")
-    _data_flags(predict, "the checkpoint's data")
+    _data_flags(predict, "the checkpoint's data", text=False)
     predict.add_argument("--task", default=None, choices=tuple(TASKS), help="an embedded task (default: the run's)")
     predict.add_argument("--split", default="heldout", choices=("heldout", "train"), help="which part of the data")
     predict.add_argument("--output", type=_FILE, default=None, help="the CSV to write (default: by the checkpoint)")
@@ -558,13 +645,16 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
     model = _model(model_name, data, args.seed, args.model_kwargs)
     recipe: Recipe = args.recipe
     # The optimizer: --optimizer (with its default arguments), else the recipe's table, else the task's SGD.
-    task_optimizer = {
+    task_optimizer: dict[str, Any] = {
         "name": "sgd",
         "learning_rate": data.learning_rate,
         "momentum": 0.9,
         "nesterov": True,
         "weight_decay": 5e-4,
     }
+    if data.corpus is not None:
+        # A language model's usual AdamW (GPT-2-style pre-training: beta2 0.95, decay 0.1).
+        task_optimizer = {"name": "adamw", "learning_rate": data.learning_rate, "betas": (0.9, 0.95), "weight_decay": 0.1}
     if args.optimizer:
         optimizer = Recipe(recipe.path, {}).build_optimizer({"name": args.optimizer, "learning_rate": data.learning_rate}, args.lr)
     else:
@@ -628,7 +718,13 @@ def _train(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
         f"{'data' if args.data else 'task'} {data.name} | model {model_name} | algorithms {names} | "
         f"{trainer.timestamp.batch} steps, {trainer.timestamp.epoch} epochs"
     )
-    if "eval/eval/accuracy" in metrics:
+    if data.corpus is not None and "eval/eval/loss" in metrics:
+        loss = metrics["eval/eval/loss"]
+        print(
+            f"held-out loss {loss:.4f} | perplexity {math.exp(min(loss, 700.0)):.2f} | bits per byte "
+            f"{data.corpus.bits_per_byte(loss):.4f} | next-token accuracy {metrics['eval/eval/accuracy']:.2%}"
+        )
+    elif "eval/eval/accuracy" in metrics:
         print(f"held-out accuracy {metrics['eval/eval/accuracy']:.2%} | held-out loss {metrics['eval/eval/loss']:.4f}")
     else:
         print("held-out " + " | ".join(f"{name} {value:.4f}" for name, value in metrics.items() if name.startswith("eval/")))
@@ -719,12 +815,28 @@ def _execution(
 
 
 def _metadata(data: Prepared, model: str, options: dict[str, object]) -> dict[str, Any]:
-    """Returns what a checkpoint records to rebuild its model and read its data again (export, predict)."""
+    """Returns what a checkpoint records to rebuild its model and read its data again (export, predict); a text
+    run's also its tokenizer (as JSON) and how its corpus was read."""
+    if data.corpus is not None:
+        from composer_fn.data.corpus import tokenizer_json
+
+        corpus = data.corpus
+        return {
+            "data": data.name,
+            "model": model,
+            "model_kwargs": dict(options),
+            "sequence_length": corpus.sequence_length,
+            "vocab_size": corpus.vocab_size,
+            "end_of_text": corpus.end_of_text,
+            "bytes_per_token": corpus.bytes_per_token,
+            "text_column": corpus.text_column,
+            "tokenizer": tokenizer_json(corpus.tokenizer),
+        }
     return {
         "data": data.name,
         "model": model,
         "model_kwargs": dict(options),
-        "image_shape": list(data.image_shape),
+        "image_shape": list(data.sample_shape),
         "num_classes": data.num_classes,
         "unit_range": data.unit_range,
     }
@@ -737,6 +849,17 @@ def _trained(args: argparse.Namespace) -> tuple[nn.Module, dict[str, Any]]:
     from composer_fn.trainer.checkpoint import checkpoint_metadata
 
     metadata = checkpoint_metadata(args.checkpoint)
+    if "sequence_length" in metadata:
+        from composer_fn.models.hf_lm import build_causal_lm
+
+        language_model = build_causal_lm(
+            metadata["model"],
+            int(metadata["vocab_size"]),
+            int(metadata["sequence_length"]),
+            options=metadata.get("model_kwargs") or {},
+            end_of_text=metadata.get("end_of_text"),
+        )
+        return load_model(args.checkpoint, language_model), metadata
     needed = ("data", "model", "image_shape", "num_classes")
     if not all(key in metadata for key in needed):
         raise ValueError(
@@ -757,6 +880,31 @@ def _recorded_data(args: argparse.Namespace, metadata: dict[str, Any]) -> Prepar
     given_data, given_task = getattr(args, "data", None), getattr(args, "task", None)
     if given_data is None and given_task is None:
         given_data, given_task = (None, recorded) if recorded in TASKS else (recorded, None)
+    if "sequence_length" in metadata:
+        # A text corpus is read again with the run's tokenizer, so that its rows are the run's.
+        from composer_fn.data.corpus import tokenizer_from_json
+
+        if not metadata.get("tokenizer"):
+            raise ValueError(
+                f"checkpoint={str(args.checkpoint)!r} records no tokenizer to read its text with (its tokenizer had no "
+                "JSON form); load it in Python: composer_fn.load_model(checkpoint, model)"
+            )
+        if given_task is not None or not _is_text(given_data):
+            raise ValueError(
+                f"checkpoint={str(args.checkpoint)!r} holds a language model of text data ({recorded}); "
+                f"--data {given_data or given_task} is not text (give python-docs or hf:PATH)"
+            )
+        text_view = argparse.Namespace(
+            data=given_data,
+            task=None,
+            data_dir=args.data_dir,
+            text_column=metadata.get("text_column", "text"),
+            tokenizer=tokenizer_from_json(metadata["tokenizer"]),
+            sequence_length=int(metadata["sequence_length"]),
+            batch_size=1,
+            seed=0,
+        )
+        return _prepare(text_view, False)
     view = argparse.Namespace(
         data=given_data,
         task=given_task,
@@ -777,11 +925,20 @@ def _export(args: argparse.Namespace) -> int:
     from composer_fn.export import SUFFIXES, export_model
 
     model, metadata = _trained(args)
+    if "sequence_length" in metadata:
+        model = _logits_of_ids(model)
     try:
         data = _recorded_data(args, metadata)
-        inputs = next(iter(data.heldout))[0][:64]
-        where = f"{len(inputs)} held-out images of {data.name}"
+        if data.corpus is not None:
+            inputs = next(iter(data.heldout))["input_ids"][:8]
+            where = f"{len(inputs)} held-out rows of {data.name}"
+        else:
+            inputs = next(iter(data.heldout))[0][:64]
+            where = f"{len(inputs)} held-out images of {data.name}"
     except FileNotFoundError as error:
+        if "sequence_length" in metadata:
+            raise
+
         shape = tuple(int(d) for d in metadata["image_shape"])
         inputs = R.normal(R.key(0), (8, *shape)).to(torch.float32)
         where = f"8 keyed random images (the data was not found: {str(error).splitlines()[0]})"
@@ -789,6 +946,22 @@ def _export(args: argparse.Namespace) -> int:
     check = export_model(model, inputs, output, format=args.format)
     print(f"wrote {check.path} ({args.format}); on {where} its outputs differ from the module's by at most {check.max_difference:.3g}")
     return 0
+
+
+def _logits_of_ids(model: nn.Module) -> nn.Module:
+    """Returns a module taking token ids ``int64 [B, S]`` to the language model's logits ``[B, S, vocab]`` (what an
+    exported program computes)."""
+    from torch import nn
+
+    class Logits(nn.Module):
+        def __init__(self, language_model: nn.Module) -> None:
+            super().__init__()
+            self.language_model = language_model
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            return self.language_model(input_ids=input_ids).logits  # type: ignore[no-any-return]
+
+    return Logits(model).eval()
 
 
 def _beside(checkpoint: Path | str) -> Path:
@@ -813,9 +986,11 @@ def _predict(args: argparse.Namespace) -> int:
 
     model, metadata = _trained(args)
     data = _recorded_data(args, metadata)
-    if data.num_classes != int(metadata["num_classes"]) or tuple(data.image_shape) != tuple(metadata["image_shape"]):
+    if data.corpus is not None:
+        return _predict_text(args, model, data)
+    if data.num_classes != int(metadata["num_classes"]) or tuple(data.sample_shape) != tuple(metadata["image_shape"]):
         raise ValueError(
-            f"--data {data.name} has {data.num_classes} classes of {tuple(data.image_shape)} images; the checkpoint's model "
+            f"--data {data.name} has {data.num_classes} classes of {tuple(data.sample_shape)} images; the checkpoint's model "
             f"takes {tuple(metadata['image_shape'])} images of {metadata['num_classes']} classes"
         )
     loader = data.heldout if args.split == "heldout" else _in_order(data.train, args.batch_size)
@@ -840,6 +1015,49 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _predict_text(args: argparse.Namespace, model: nn.Module, data: Prepared) -> int:
+    """Writes each row's next-token loss and accuracy for a language model's corpus as CSV; prints the part's loss,
+    perplexity and bits per byte."""
+    import csv
+
+    import torch
+    import torch.nn.functional as F
+
+    from composer_fn.data.hf import DatasetLoader
+
+    rows = data.corpus.heldout if args.split == "heldout" else data.corpus.train
+    loader = DatasetLoader(rows, args.batch_size, columns=("input_ids",), shuffle=False, rank=0, world_size=1)
+    source = _beside(args.checkpoint)
+    name = data.name.replace("hf:", "hf-").replace("/", "-")
+    output = args.output or source.with_name(f"{source.stem}-{name}-{args.split}.csv")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    temporary = output.with_name(f".{output.name}.tmp")
+    total_loss, total_tokens, index = 0.0, 0, 0
+    device = next(model.parameters()).device
+    model.eval()
+    with temporary.open("w", newline="") as stream, torch.no_grad():
+        writer = csv.writer(stream)
+        writer.writerow(["index", "tokens", "loss", "accuracy"])
+        for batch in loader:
+            ids = batch["input_ids"].to(device)
+            logits = model(input_ids=ids).logits[:, :-1].float()
+            targets = ids[:, 1:]
+            losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").cpu()
+            hits = (logits.argmax(-1) == targets).float().cpu()
+            for row_loss, row_hits in zip(losses, hits, strict=True):
+                writer.writerow([index, row_loss.numel(), f"{float(row_loss.mean()):.6f}", f"{float(row_hits.mean()):.6f}"])
+                index += 1
+            total_loss += float(losses.sum())
+            total_tokens += losses.numel()
+    temporary.replace(output)
+    loss = total_loss / max(total_tokens, 1)
+    print(
+        f"wrote {index} rows' losses for the {args.split} part of {data.name} to {output} (loss {loss:.4f}, perplexity "
+        f"{math.exp(min(loss, 700.0)):.2f}, bits per byte {data.corpus.bits_per_byte(loss):.4f})"
+    )
+    return 0
+
+
 def _in_order(loader: Any, batch_size: int) -> Any:
     """Returns the training loader's batches in the data's own order (not shuffled, none dropped), for predictions."""
     from composer_fn.data import TensorLoader
@@ -860,7 +1078,7 @@ def _plan(args: argparse.Namespace, algorithms: tuple[Algorithm, ...]) -> int:
     data = _prepare(args, _wants_unit_range(algorithms))
     batch_size = data.batch_size
     steps_per_epoch = len(data.train)
-    input_shape = (batch_size, *data.image_shape)
+    input_shape = (batch_size, *data.sample_shape)
     # Checked against the run's model: a surgery that finds nothing to rewrite there never runs.
     model = _model(args.model or data.model, data, args.seed, args.model_kwargs)
     inert = [a for a in algorithms if (rewrites := a.capabilities().rewrites) is not None and not rewrites(model)]
