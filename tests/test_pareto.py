@@ -172,11 +172,49 @@ def test_the_table_gives_each_points_spread_and_speed_up_at_equal_accuracy(swept
     for line in points.values():
         for p in line:
             accuracies = [r.accuracy for r in results if r.recipe == p.recipe and r.length == p.length]  # type: ignore[union-attr]
-            assert (p.accuracy_min, p.accuracy_max) == (min(accuracies), max(accuracies))
-            assert f"| {p.accuracy_min:.2%} – {p.accuracy_max:.2%} |" in text
+            assert (p.value_min, p.value_max) == (min(accuracies), max(accuracies))
+            assert f"| {p.value_min:.2%} – {p.value_max:.2%} |" in text
     # The baseline's points on its frontier (each more accurate than every shorter one) are their own match.
     best = -1.0
     for p in sorted(points["plain"], key=lambda p: p.wall_time):
-        if p.accuracy > best:
+        if p.value > best:
             assert f"| {p.wall_time:.3g} | {p.wall_time:.3g} s (1.00×) |" in text
-            best = p.accuracy
+            best = p.value
+
+
+def test_a_perplexity_sweep_counts_lower_as_better(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    def result(recipe: str, length: str, seed: int, loss: float, wall: float) -> pareto.Result:
+        return pareto.Result(recipe, length, seed, 0.3, loss, wall, 10, 1)
+
+    # The baseline's perplexity falls with its length; the recipe reaches the baseline's best sooner.
+    results = [
+        *(result("base", length, seed, loss + 0.01 * seed, wall) for length, loss, wall in (("a", 4.0, 10), ("b", 3.0, 20)) for seed in (0, 1)),
+        *(result("fast", length, seed, loss, wall) for length, loss, wall in (("a", 3.5, 6), ("b", 2.9, 12)) for seed in (0, 1)),
+    ]
+    sweep = SimpleNamespace(
+        recipes=(Path("base.toml"), Path("fast.toml")), lengths=("a", "b"), baseline="base", by_ratio=False,
+        metric=pareto.METRICS["perplexity"],
+    )  # fmt: skip
+    points = pareto.summarise(sweep, results)  # type: ignore[arg-type]
+    base_b = points["base"][1]
+    assert base_b.value == pytest.approx(statistics.fmean([torch.tensor(3.0).exp().item(), torch.tensor(3.01).exp().item()]))
+    assert (base_b.value_min, base_b.value_max) == pytest.approx((torch.tensor(3.0).exp().item(), torch.tensor(3.01).exp().item()))
+    # The recipe's 2.9 at 12 s beats the target (the baseline's longest point); its 3.5 at 6 s does not.
+    assert pareto.speedups(sweep, points) == {"base": 1.0, "fast": pytest.approx(20 / 12)}  # type: ignore[arg-type]
+    # The baseline's time to a perplexity between its points is interpolated along its frontier.
+    between = (points["base"][0].value + points["base"][1].value) / 2
+    assert pareto.baseline_time_to(sweep, points, between) == pytest.approx(15)  # type: ignore[arg-type]
+    assert pareto.baseline_time_to(sweep, points, points["base"][1].value * 0.9) is None  # type: ignore[arg-type]
+    text = pareto.table(sweep, points)  # type: ignore[arg-type]
+    assert "held-out perplexity (mean ± std)" in text and f"{base_b.value:.2f}" in text and "fast: reaches it" in text
+
+
+def test_a_sweep_names_a_metric_it_compares(tmp_path: Path) -> None:
+    (tmp_path / "plain.toml").write_text(RECIPE.format(extra=""))
+    (tmp_path / "sweep.toml").write_text('recipes = ["plain.toml"]\nmax_durations = ["2ba"]\nmetric = "bleu"\n')
+    with pytest.raises(pareto.SweepError, match="metric='bleu': expected one of accuracy, perplexity"):
+        pareto.load_sweep(tmp_path / "sweep.toml")
+    (tmp_path / "sweep.toml").write_text('recipes = ["plain.toml"]\nmax_durations = ["2ba"]\nmetric = "perplexity"\n')
+    assert pareto.load_sweep(tmp_path / "sweep.toml").metric is pareto.METRICS["perplexity"]

@@ -582,7 +582,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     predict.add_argument("--output", type=_FILE, default=None, help="the CSV to write (default: by the checkpoint)")
     predict.add_argument("--batch-size", type=_POSITIVE_INT, default=256, help="images a forward pass")
     pareto = commands.add_parser(
-        "pareto", help="run a sweep of recipes x lengths x seeds; write accuracy against wall time (table and PNG)"
+        "pareto",
+        help="run a sweep of recipes x lengths x seeds; write held-out accuracy (or perplexity) against wall time "
+        "(table and PNG)",
     )
     pareto.add_argument("--config", type=Path, required=True, help="the sweep file (TOML; see composer_fn.app.pareto)")
     pareto.add_argument(
@@ -1127,10 +1129,8 @@ def _pareto(args: argparse.Namespace) -> int:
         print(f"{len(runs)} runs in {sweep.folder} ({done} finished before), {args.jobs} at a time", flush=True)
 
         def finished(run: pareto.RunSpec, result: pareto.Result) -> None:
-            print(
-                f"{run.name} {run.length} seed {run.seed}: accuracy {result.accuracy:.2%}, {result.wall_time:.1f} s",
-                flush=True,
-            )
+            value = sweep.metric.format(sweep.metric.of(result))
+            print(f"{run.name} {run.length} seed {run.seed}: {sweep.metric.name} {value}, {result.wall_time:.1f} s", flush=True)
 
         results = pareto.run_sweep(sweep, jobs=args.jobs, on_result=finished)
         markdown, picture = pareto.write_pareto(sweep, results)

@@ -1,5 +1,6 @@
 """Pareto sweeps: recipes × training lengths × seeds, each run of ``composer-fn train`` kept in its own folder, then
-held-out accuracy against wall time, one line per recipe, against the baseline's frontier.
+a held-out metric (accuracy, or a language model's perplexity) against wall time, one line per recipe, against the
+baseline's frontier.
 
 A sweep file (TOML) names what to run; paths in it are relative to the file::
 
@@ -8,6 +9,7 @@ A sweep file (TOML) names what to run; paths in it are relative to the file::
     seeds = [0, 1, 2]
     folder = "../runs/pareto/digits"      # default: a folder named after the sweep file, beside it
     baseline = "digits-baseline"           # optional: the recipe (file stem) the others are measured against
+    metric = "accuracy"                    # optional: or "perplexity" (exp of the held-out loss; lower is better)
     [flags]                                # optional: flags for every run, spelled as in recipes
     threads = 1
 
@@ -22,11 +24,11 @@ the sum of its attempts' training wall times (each attempt's ``fit`` record; an 
 to its last record), so an interrupted run counts the work it redid since its last checkpoint.
 
 The summary gives, per recipe and length, the mean and standard deviation (over seeds, ``ddof=1``) of the held-out
-accuracy and the mean wall time; the baseline's target is its mean accuracy at its longest length, and each
-recipe's speed-up is the baseline's mean wall time there over the recipe's shortest mean wall time at or above the
-target. Each point also gets the baseline's time to its accuracy, read off the baseline's frontier by linear
-interpolation (``baseline_time_to``), and that time over the point's: a speed-up at equal accuracy, defined where
-the baseline's lengths span the accuracy. Runs sharing the machine slow each other: time comparisons want
+metric and the mean wall time; the baseline's target is its mean at its longest length, and each recipe's speed-up
+is the baseline's mean wall time there over the recipe's shortest mean wall time at which its mean is at least as
+good as the target (at or above an accuracy, at or below a perplexity). Each point also gets the baseline's time to
+its value, read off the baseline's frontier by linear interpolation (``baseline_time_to``), and that time over the
+point's: a speed-up at equal quality, defined where the baseline's lengths span the value. Runs sharing the machine slow each other: time comparisons want
 ``jobs × threads`` at most the cores.
 """
 
@@ -48,9 +50,44 @@ from typing import Any
 from composer_fn.app._toml import read_toml
 from composer_fn.core import validate
 
-__all__ = ["Sweep", "RunSpec", "Result", "Point", "load_sweep", "run_sweep", "summarise", "draw", "write_pareto"]
+__all__ = [
+    "Sweep", "RunSpec", "Result", "Point", "Metric", "METRICS", "load_sweep", "run_sweep", "summarise", "draw",
+    "write_pareto",
+]  # fmt: skip
 
 WIDTH, HEIGHT, DPI = 10, 6, 100
+
+
+@dataclass(frozen=True)
+class Metric:
+    """What a sweep compares: its name, whether higher is better, and how a value is written and drawn."""
+
+    name: str
+    higher_is_better: bool
+    percent: bool
+
+    def of(self, result: Result) -> float:
+        """Returns the result's value of this metric."""
+        return result.accuracy if self.name == "accuracy" else result.perplexity
+
+    def at_least_as_good(self, value: float, than: float) -> bool:
+        """Returns whether ``value`` is as good as ``than`` or better."""
+        return value >= than if self.higher_is_better else value <= than
+
+    def signed(self, value: float) -> float:
+        """Returns ``value`` with the sign that makes larger better."""
+        return value if self.higher_is_better else -value
+
+    def format(self, value: float) -> str:
+        """Returns ``value`` as the table writes it."""
+        return f"{value:.2%}" if self.percent else f"{value:.2f}"
+
+
+METRICS = {
+    "accuracy": Metric("accuracy", higher_is_better=True, percent=True),
+    "perplexity": Metric("perplexity", higher_is_better=False, percent=False),
+}
+"""The metrics a sweep may compare, by name: held-out accuracy, and held-out perplexity (``exp`` of the loss)."""
 
 
 class SweepError(ValueError):
@@ -85,6 +122,7 @@ class Sweep:
     folder: Path
     baseline: str
     flags: dict[str, Any] = field(default_factory=dict)
+    metric: Metric = METRICS["accuracy"]
 
     def runs(self) -> list[RunSpec]:
         """Returns every run, recipe by recipe, then length, then seed."""
@@ -109,19 +147,25 @@ class Result:
     steps: int
     attempts: int
 
+    @property
+    def perplexity(self) -> float:
+        """Returns the held-out perplexity: ``exp`` of the held-out loss (nats per token)."""
+        return math.exp(min(self.loss, 700.0))
+
 
 @dataclass(frozen=True)
 class Point:
-    """One recipe at one length, over its seeds."""
+    """One recipe at one length, over its seeds: the sweep's metric's mean, standard deviation, least and greatest
+    value, and the mean wall time."""
 
     recipe: str
     length: str
     seeds: int
-    accuracy: float
-    accuracy_std: float
+    value: float
+    value_std: float
     wall_time: float
-    accuracy_min: float
-    accuracy_max: float
+    value_min: float
+    value_max: float
 
 
 def _label(length: str, by_ratio: bool) -> str:
@@ -135,7 +179,7 @@ def load_sweep(path: str | os.PathLike[str]) -> Sweep:
         what = "is a folder" if source.is_dir() else "does not exist"
         raise SweepError(f"sweep file {str(source)!r}: {what}; expected a TOML file (see composer_fn.app.pareto)")
     table = read_toml(source, f"sweep file {str(source)!r}", SweepError, "the sweep in composer_fn.app.pareto's docs")
-    known = {"recipes", "max_durations", "scale_schedule_ratios", "seeds", "folder", "baseline", "flags"}
+    known = {"recipes", "max_durations", "scale_schedule_ratios", "seeds", "folder", "baseline", "flags", "metric"}
     unknown = sorted(set(table) - known)
     if unknown:
         raise SweepError(f"{source}: unknown field {unknown[0]!r}; accepted: {', '.join(sorted(known))}")
@@ -185,8 +229,11 @@ def load_sweep(path: str | os.PathLike[str]) -> Sweep:
     taken = sorted(reserved & set(flags))
     if taken:
         raise SweepError(f"{source}: flags.{taken[0]} is set by the sweep for each run; remove it")
+    metric = table.get("metric", "accuracy")
+    if metric not in METRICS:
+        raise SweepError(f"{source}: metric={metric!r}: expected one of {', '.join(METRICS)}")
     folder = here / table["folder"] if "folder" in table else here / "runs" / source.stem
-    return Sweep(source, paths, texts, by_ratio, tuple(seeds), folder.resolve(), baseline, dict(flags))
+    return Sweep(source, paths, texts, by_ratio, tuple(seeds), folder.resolve(), baseline, dict(flags), METRICS[metric])
 
 
 def _command(run: RunSpec, flags: dict[str, Any]) -> list[str]:
@@ -235,14 +282,14 @@ def result_of_log(run: RunSpec) -> Result:
     last = evaluations[-1]
     accuracy = next((k for k in last if k.endswith("/accuracy")), None)
     loss = next((k for k in last if k.startswith("eval/") and k.endswith("/loss")), None)
-    if accuracy is None:
-        raise ValueError(f"run {run.folder}'s last evaluation has no accuracy (keys {sorted(last)})")
+    if accuracy is None or loss is None:
+        raise ValueError(f"run {run.folder}'s last evaluation has no accuracy and loss (keys {sorted(last)})")
     return Result(
         run.name,
         run.length,
         run.seed,
         float(last[accuracy]),
-        float(last[loss]) if loss else math.nan,
+        float(last[loss]),
         sum(attempts),
         int(last["step"]),
         len(attempts),
@@ -333,73 +380,80 @@ def summarise(sweep: Sweep, results: Sequence[Result]) -> dict[str, list[Point]]
             group = [r for r in results if r.recipe == recipe.stem and r.length == length]
             if not group:
                 continue
-            accuracies = [r.accuracy for r in group]
+            values = [sweep.metric.of(r) for r in group]
             points.setdefault(recipe.stem, []).append(
                 Point(
                     recipe.stem,
                     length,
                     len(group),
-                    statistics.fmean(accuracies),
-                    statistics.stdev(accuracies) if len(group) > 1 else 0.0,
+                    statistics.fmean(values),
+                    statistics.stdev(values) if len(group) > 1 else 0.0,
                     statistics.fmean(r.wall_time for r in group),
-                    min(accuracies),
-                    max(accuracies),
+                    min(values),
+                    max(values),
                 )
             )
     return points
 
 
 def target(sweep: Sweep, points: dict[str, list[Point]]) -> Point:
-    """Returns the baseline's point at its longest length: the accuracy the others must reach, and its time."""
+    """Returns the baseline's point at its longest length: the value the others must reach, and its time."""
     return points[sweep.baseline][-1]
 
 
 def speedups(sweep: Sweep, points: dict[str, list[Point]]) -> dict[str, float | None]:
     """Returns, per recipe, the baseline's wall time at the target over the recipe's shortest mean wall time at
-    which its mean accuracy reaches the target (None if it never does)."""
+    which its mean reaches the target (None if it never does)."""
     goal = target(sweep, points)
     found: dict[str, float | None] = {}
     for recipe, line in points.items():
-        reaching = [p.wall_time for p in line if p.accuracy >= goal.accuracy]
+        reaching = [p.wall_time for p in line if sweep.metric.at_least_as_good(p.value, goal.value)]
         found[recipe] = goal.wall_time / min(reaching) if reaching else None
     return found
 
 
-def baseline_time_to(sweep: Sweep, points: dict[str, list[Point]], accuracy: float) -> float | None:
-    """Returns the wall time the baseline needs for ``accuracy``, read off its frontier (its points by wall time,
-    each accuracy the best so far) by linear interpolation between neighbouring points; None outside the
-    frontier's range (below its shortest point or above its best, the baseline was not measured there)."""
+def baseline_time_to(sweep: Sweep, points: dict[str, list[Point]], value: float) -> float | None:
+    """Returns the wall time the baseline needs for ``value`` of the sweep's metric, read off its frontier (its
+    points by wall time, each value the best so far) by linear interpolation between neighbouring points; None
+    outside the frontier's range (worse than its shortest point or better than its best, the baseline was not
+    measured there)."""
+    metric = getattr(sweep, "metric", METRICS["accuracy"])
+    goal = metric.signed(value)
     frontier: list[tuple[float, float]] = []
     for p in sorted(points[sweep.baseline], key=lambda p: p.wall_time):
-        if not frontier or p.accuracy > frontier[-1][1]:
-            frontier.append((p.wall_time, p.accuracy))
-    if not frontier or not frontier[0][1] <= accuracy <= frontier[-1][1]:
+        if not frontier or metric.signed(p.value) > frontier[-1][1]:
+            frontier.append((p.wall_time, metric.signed(p.value)))
+    if not frontier or not frontier[0][1] <= goal <= frontier[-1][1]:
         return None
     for (t0, a0), (t1, a1) in zip(frontier, frontier[1:], strict=False):
-        if a0 <= accuracy <= a1:
-            return t0 + (t1 - t0) * (accuracy - a0) / (a1 - a0)
+        if a0 <= goal <= a1:
+            return t0 + (t1 - t0) * (goal - a0) / (a1 - a0)
     return frontier[0][0]
 
 
 def table(sweep: Sweep, points: dict[str, list[Point]]) -> str:
-    """Returns the summary as a Markdown table, with each recipe's speed-up to the baseline's accuracy."""
+    """Returns the summary as a Markdown table, with each recipe's speed-up to the baseline's value."""
     goal = target(sweep, points)
     ratios = speedups(sweep, points)
+    metric, write = sweep.metric, sweep.metric.format
     lines = [
-        "| recipe | length | seeds | held-out accuracy (mean ± std) | min – max | wall time (s, mean) "
-        "| baseline's time to this accuracy |",
+        f"| recipe | length | seeds | held-out {metric.name} (mean ± std) | min – max | wall time (s, mean) "
+        f"| baseline's time to this {metric.name} |",
         "|---|---|---|---|---|---|---|",
     ]
     for recipe, line in points.items():
         for p in line:
-            matched = baseline_time_to(sweep, points, p.accuracy)
+            matched = baseline_time_to(sweep, points, p.value)
             speed = f"{matched:.3g} s ({matched / p.wall_time:.2f}×)" if matched is not None else "outside its range"
             lines.append(
-                f"| {recipe} | {_label(p.length, sweep.by_ratio)} | {p.seeds} | {p.accuracy:.2%} ± {p.accuracy_std:.2%} "
-                f"| {p.accuracy_min:.2%} – {p.accuracy_max:.2%} | {p.wall_time:.3g} | {speed} |"
+                f"| {recipe} | {_label(p.length, sweep.by_ratio)} | {p.seeds} | {write(p.value)} ± {write(p.value_std)} "
+                f"| {write(p.value_min)} – {write(p.value_max)} | {p.wall_time:.3g} | {speed} |"
             )
     lines.append("")
-    lines.append(f"Target: {sweep.baseline}'s {goal.accuracy:.2%} at {_label(goal.length, sweep.by_ratio)}, {goal.wall_time:.3g} s.")
+    lines.append(
+        f"Target: {sweep.baseline}'s {metric.name} {write(goal.value)} at {_label(goal.length, sweep.by_ratio)}, "
+        f"{goal.wall_time:.3g} s."
+    )
     for recipe, ratio in ratios.items():
         reached = f"reaches it in {1 / ratio:.2f}× the baseline's time (speed-up {ratio:.2f}×)" if ratio else "does not reach it"
         lines.append(f"- {recipe}: {reached}")
@@ -407,7 +461,7 @@ def table(sweep: Sweep, points: dict[str, list[Point]]) -> str:
 
 
 def draw(sweep: Sweep, points: dict[str, list[Point]]) -> Any:
-    """Returns the figure: held-out accuracy against wall time, a line per recipe (its lengths, error bars over
+    """Returns the figure: the held-out metric against wall time, a line per recipe (its lengths, error bars over
     seeds), the baseline's frontier in black, and its target as a dashed line."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -416,22 +470,24 @@ def draw(sweep: Sweep, points: dict[str, list[Point]]) -> Any:
     FigureCanvasAgg(figure)
     ax = figure.subplots()
     colours = iter(f"C{i % 10}" for i in range(100))
+    metric = sweep.metric
+    scale = 100.0 if metric.percent else 1.0
     for recipe, line in points.items():
         ordered = sorted(line, key=lambda p: p.wall_time)
         baseline = recipe == sweep.baseline
         colour = "black" if baseline else next(colours)
-        xs, ys = [p.wall_time for p in ordered], [100 * p.accuracy for p in ordered]
+        xs, ys = [p.wall_time for p in ordered], [scale * p.value for p in ordered]
         ax.errorbar(
-            xs, ys, yerr=[100 * p.accuracy_std for p in ordered], color=colour, marker="o", capsize=3,
+            xs, ys, yerr=[scale * p.value_std for p in ordered], color=colour, marker="o", capsize=3,
             linewidth=2.5 if baseline else 1.5, label=f"{recipe} (baseline)" if baseline else recipe,
         )  # fmt: skip
     goal = target(sweep, points)
-    ax.axhline(100 * goal.accuracy, color="black", linestyle="--", linewidth=0.8, label="baseline's target")
+    ax.axhline(scale * goal.value, color="black", linestyle="--", linewidth=0.8, label="baseline's target")
     ax.set_xlabel("wall time (s)")
-    ax.set_ylabel("held-out accuracy (%)")
-    ax.set_title(f"{sweep.path.stem}: accuracy against wall time")
+    ax.set_ylabel(f"held-out {metric.name}" + (" (%)" if metric.percent else ""))
+    ax.set_title(f"{sweep.path.stem}: {metric.name} against wall time")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower right" if metric.higher_is_better else "upper right")
     return figure
 
 
