@@ -51,6 +51,10 @@ def test_a_language_model_trains_on_a_local_corpus_and_its_checkpoint_exports_an
     assert "held-out rows" in capsys.readouterr().out
     program = torch.export.load(str(tmp_path / "lm.pt2")).module()
     assert program(torch.zeros(3, 32, dtype=torch.int64)).shape == (3, 32, 300)
+    # Rows longer than the model's learned position table are refused by name, before any row is read.
+    assert main(["predict", str(folder / "latest.pt"), "--sequence-length", "64", "--output", str(output)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "--sequence-length=64" in err[0] and "32 positions" in err[0]
     # A language model's checkpoint is not read against image data.
     assert main(["predict", str(folder / "latest.pt"), "--data", "mnist"]) == 2
     assert "--data mnist is not text" in capsys.readouterr().err
@@ -111,3 +115,27 @@ def test_a_text_run_its_set_up_refuses_is_one_line(capsys, tmp_path, extra, word
     assert main([*argv, *extra]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and all(word in lines[0] for word in words), lines
+
+
+def test_an_alibi_model_trained_on_short_rows_is_evaluated_on_longer_ones(capsys, tmp_path) -> None:
+    # ALiBi removes the position table: a checkpoint trained on rows of 32 (in rows of 8 during training) takes
+    # held-out rows of 64, which is how its extrapolation is measured.
+    write_documents(tmp_path / "docs")
+    folder = tmp_path / "runs"
+    argv = ["train", "--data", f"hf:{tmp_path / 'docs'}", *TINY, "--batch-size", "8", "--max-duration", "4ba"]
+    assert main([*argv, "--algorithms", "alibi", "--save-folder", str(folder), "--no-progress"]) == 0
+    capsys.readouterr()
+    for length in (32, 64):
+        output = tmp_path / f"rows{length}.csv"
+        argv = ["predict", str(folder / "latest.pt"), "--sequence-length", str(length), "--output", str(output)]
+        assert main(argv) == 0
+        assert "perplexity" in capsys.readouterr().out
+        assert {int(row["tokens"]) for row in csv.DictReader(output.open())} == {length - 1}
+
+
+def test_an_image_checkpoint_refuses_a_row_length(capsys, tmp_path) -> None:
+    folder = tmp_path / "runs"
+    assert main(["train", "--task", "digits-mlp", "--max-duration", "1ba", "--save-folder", str(folder), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["predict", str(folder / "latest.pt"), "--sequence-length", "64"]) == 2
+    assert "--sequence-length=64" in capsys.readouterr().err

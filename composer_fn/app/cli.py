@@ -580,7 +580,14 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     predict.add_argument("--task", default=None, choices=tuple(TASKS), help="an embedded task (default: the run's)")
     predict.add_argument("--split", default="heldout", choices=("heldout", "train"), help="which part of the data")
     predict.add_argument("--output", type=_FILE, default=None, help="the CSV to write (default: by the checkpoint)")
-    predict.add_argument("--batch-size", type=_POSITIVE_INT, default=256, help="images a forward pass")
+    predict.add_argument("--batch-size", type=_POSITIVE_INT, default=256, help="images (or text rows) a forward pass")
+    predict.add_argument(
+        "--sequence-length",
+        type=_SEQUENCE_LENGTH,
+        default=None,
+        help="a language model's checkpoint: the rows' length in tokens, e.g. twice the training length to measure "
+        "extrapolation (the run's if omitted)",
+    )
     pareto = commands.add_parser(
         "pareto",
         help="run a sweep of recipes x lengths x seeds; write held-out accuracy (or perplexity) against wall time "
@@ -902,7 +909,7 @@ def _recorded_data(args: argparse.Namespace, metadata: dict[str, Any]) -> Prepar
             data_dir=args.data_dir,
             text_column=metadata.get("text_column", "text"),
             tokenizer=tokenizer_from_json(metadata["tokenizer"]),
-            sequence_length=int(metadata["sequence_length"]),
+            sequence_length=getattr(args, "sequence_length", None) or int(metadata["sequence_length"]),
             batch_size=1,
             seed=0,
         )
@@ -987,6 +994,11 @@ def _predict(args: argparse.Namespace) -> int:
     import torch
 
     model, metadata = _trained(args)
+    if args.sequence_length is not None and "sequence_length" not in metadata:
+        raise ValueError(
+            f"--sequence-length={args.sequence_length}: checkpoint={str(args.checkpoint)!r} holds an image model; the "
+            "flag sets a language model's rows"
+        )
     data = _recorded_data(args, metadata)
     if data.corpus is not None:
         return _predict_text(args, model, data)
@@ -1037,6 +1049,18 @@ def _predict_text(args: argparse.Namespace, model: nn.Module, data: Prepared) ->
     total_loss, total_tokens, index = 0.0, 0, 0
     device = next(model.parameters()).device
     model.eval()
+    length = data.sample_shape[0]
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.zeros(1, length, dtype=torch.int64, device=device))
+    except (IndexError, RuntimeError, ValueError) as error:
+        config = getattr(model, "config", None)
+        positions = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+        raise ValueError(
+            f"--sequence-length={length}: the model does not take rows of {length} tokens ({str(error).splitlines()[0]}); "
+            f"its position table has {positions} positions (train with a larger n_positions in --model-kwargs, or with "
+            "ALiBi, to evaluate longer rows)"
+        ) from None
     with temporary.open("w", newline="") as stream, torch.no_grad():
         writer = csv.writer(stream)
         writer.writerow(["index", "tokens", "loss", "accuracy"])
