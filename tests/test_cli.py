@@ -39,6 +39,11 @@ def test_plan_prints_the_schedule_table(capsys) -> None:
         (["train", "--load-path", "missing/latest.pt"], "--load-path", "'missing/latest.pt'", "an existing checkpoint"),
         (["train", "--save-folder", "pyproject.toml"], "--save-folder", "'pyproject.toml'", "a folder"),
         (["train", "--log-file", "tests"], "--log-file", "'tests'", "a file (created if missing), not a folder"),
+        # A value starting with a minus is the flag's value, named with what is accepted.
+        (["train", "--save-interval", "-1ba"], "--save-interval", "'-1ba'", "a whole number >= 1 of batches or epochs"),
+        (["train", "--eval-interval", "-2ep"], "--eval-interval", "'-2ep'", "a whole number >= 1 of batches or epochs"),
+        (["train", "--max-duration", "-3"], "--max-duration", "'-3'", "a bare number counts epochs"),
+        (["train", "--lr", "-.5"], "--lr", "'-.5'", "a finite number > 0"),
     ],
 )
 def test_a_bad_flag_value_exits_with_one_line_naming_flag_value_and_what_is_accepted(
@@ -71,6 +76,12 @@ def test_a_run_its_set_up_refuses_exits_with_one_line(capsys, monkeypatch, argv,
     lines = captured.err.splitlines()
     assert len(lines) == 1, captured.err
     assert lines[0].startswith("composer-fn: ") and names in lines[0]
+
+
+def test_a_bare_max_duration_counts_epochs_as_the_trainer_does(capsys) -> None:
+    # digits: 23 steps an epoch at the task's batch of 64.
+    assert main(["plan", "--max-duration", "3"]) == 0
+    assert "69 steps" in capsys.readouterr().out
 
 
 def test_a_given_batch_size_is_used_rather_than_the_tasks(capsys) -> None:

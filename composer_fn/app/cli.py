@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 import time
 import warnings
@@ -253,6 +254,9 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
+        # A value that starts with a minus and a digit (-1ba, -0.5) is a flag's value, not an unknown flag: so the
+        # flag's own check names the value and what is accepted, instead of "expected one argument".
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -274,7 +278,9 @@ def _checked(accepted: str, parse: Callable[[str], _T | None], valid: Callable[[
 
 
 def _epochs_or_batches(text: str) -> Time:
-    return validate.time("--max-duration", text, (TimeUnit.EPOCH, TimeUnit.BATCH), "10ep")
+    # A bare number counts epochs, as the Trainer's max_duration takes it.
+    number = text.isdigit()
+    return validate.time("--max-duration", int(text) if number else text, (TimeUnit.EPOCH, TimeUnit.BATCH), "10ep", number_unit=TimeUnit.EPOCH)
 
 
 def _interval(text: str) -> Time:
@@ -291,7 +297,7 @@ _MICROBATCH = _checked(
 )
 _LEARNING_RATE = _checked("a finite number > 0, e.g. 0.1", float, lambda x: math.isfinite(x) and x > 0)
 _MAX_DURATION = _checked(
-    "a whole number >= 1 of epochs or batches, e.g. 10ep or 500ba", _epochs_or_batches, lambda t: t.value >= 1
+    "a whole number >= 1 of epochs or batches, e.g. 10ep or 500ba (a bare number counts epochs)", _epochs_or_batches, lambda t: t.value >= 1
 )
 _LOG_INTERVAL = _checked("a whole number >= 1 of batches or epochs, e.g. 50ba or 1ep", _interval, lambda t: t.value >= 1)
 _SAVE_INTERVAL = _checked(
