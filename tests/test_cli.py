@@ -78,6 +78,24 @@ def test_a_run_its_set_up_refuses_exits_with_one_line(capsys, monkeypatch, argv,
     assert lines[0].startswith("composer-fn: ") and names in lines[0]
 
 
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["plan", "--task", "digits", "--data-dir", "tests"], ["--data-dir=tests", "--task digits"]),
+        (["plan", "--image-size", "32"], ["--image-size=32"]),
+        (["train", "--num-workers", "2"], ["--num-workers=2", "in memory"]),
+        (["train", "--overwrite-log"], ["--overwrite-log", "--log-file"]),
+        (["plan", "--sequence-length", "64", "--tokenizer", "bpe:300"], ["--sequence-length=64", "--tokenizer=bpe:300"]),
+        (["train", "--text-column", "body", "--nproc", "2"], ["--text-column=body"]),
+    ],
+)
+def test_a_flag_that_would_do_nothing_with_the_others_is_refused_by_name(capsys, monkeypatch, argv, named) -> None:
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    assert main([*argv, "--max-duration", "1ba"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "would do nothing" in lines[0] and all(word in lines[0] for word in named), lines
+
+
 def test_a_bare_max_duration_counts_epochs_as_the_trainer_does(capsys) -> None:
     # digits: 23 steps an epoch at the task's batch of 64.
     assert main(["plan", "--max-duration", "3"]) == 0

@@ -147,6 +147,28 @@ def _source(args: argparse.Namespace) -> tuple[str, int, float, str]:
     return args.data, _DATA_BATCH_SIZE, _DATA_LEARNING_RATE, _DATA_MODEL
 
 
+def _check_combination(args: argparse.Namespace) -> None:
+    """Raises ValueError naming a flag that would do nothing with the others given (rather than ignore it)."""
+    name = _source(args)[0]
+    data = f"--data {name}" if args.data else f"--task {name}"
+    unused: list[tuple[str, str]] = []
+    if not _is_text(name):
+        for flag in ("text_column", "tokenizer", "sequence_length"):
+            if getattr(args, flag, None) is not None:
+                unused.append((f"--{flag.replace('_', '-')}={getattr(args, flag)}", "it reads text data: python-docs, hf:PATH"))
+    if args.data_dir is not None and (args.data is None or name.startswith("hf:")):
+        unused.append((f"--data-dir={args.data_dir}", "it locates a dataset --data names; hf:PATH is its own path"))
+    if args.image_size is not None and name != "imagefolder":
+        unused.append((f"--image-size={args.image_size}", "it resizes imagefolder images"))
+    if getattr(args, "num_workers", 0) and name != "imagefolder":
+        unused.append((f"--num-workers={args.num_workers}", "they decode imagefolder images; this data is in memory"))
+    if getattr(args, "overwrite_log", False) and getattr(args, "log_file", None) is None:
+        unused.append(("--overwrite-log", "it lets a run replace its --log-file, and none is given"))
+    if unused:
+        flags = "; ".join(f"{flag} ({reason})" for flag, reason in unused)
+        raise ValueError(f"with {data} these flags would do nothing, drop them: {flags}")
+
+
 def _prepare(args: argparse.Namespace, unit_range: bool, world_size: int = 1) -> Prepared:
     """Returns the run's data, read as ``args`` say: an embedded task, or a dataset on disk (``--data``)."""
     from composer_fn.data import TensorLoader
@@ -202,9 +224,9 @@ def _prepare_text(
         source = args.data_dir
     corpus = load_text_corpus(
         source,
-        sequence_length=getattr(args, "sequence_length", 128),
-        text_column=getattr(args, "text_column", "text"),
-        tokenizer=getattr(args, "tokenizer", "bpe"),
+        sequence_length=getattr(args, "sequence_length", None) or 128,
+        text_column=getattr(args, "text_column", None) or "text",
+        tokenizer=getattr(args, "tokenizer", None) or "bpe",
     )
     columns = ("input_ids", "labels")
     train = DatasetLoader(corpus.train, rank_batch, columns=columns, shuffle=True, drop_last=True, seed=args.seed)
@@ -413,17 +435,17 @@ def _data_flags(command: argparse.ArgumentParser, omitted: str = "the embedded -
     if not text:
         return
     command.add_argument(
-        "--text-column", type=_TEXT_COLUMN, default="text", help="text data: the column holding the documents"
+        "--text-column", type=_TEXT_COLUMN, default=None, help="text data: the column holding the documents (default: text)"
     )
     command.add_argument(
         "--tokenizer",
         type=_TOKENIZER,
-        default="bpe",
-        help="text data: bpe or bpe:N (a byte-level BPE of N tokens, 4096 by default, trained on the training "
+        default=None,
+        help="text data (default: bpe): bpe or bpe:N (a byte-level BPE of N tokens, 4096 by default, trained on the training "
         "documents), a tokenizer.json file, or a transformers tokenizer's folder",
     )
     command.add_argument(
-        "--sequence-length", type=_SEQUENCE_LENGTH, default=128, help="text data: the tokens of a training row"
+        "--sequence-length", type=_SEQUENCE_LENGTH, default=None, help="text data: the tokens of a training row (default: 128)"
     )
 
 
@@ -1246,6 +1268,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except ValueError as error:
         commands[args.command].error(f"argument --algorithms: {error}")
+    try:
+        _check_combination(args)
+    except ValueError as error:
+        print(f"composer-fn: {error}", file=sys.stderr)
+        return 2
     if args.command in ("train", "profile") and args.nproc is not None and "WORLD_SIZE" not in os.environ:
         return _launch(list(sys.argv[1:] if argv is None else argv), args.nproc)
     run: Callable[[argparse.Namespace, tuple[Algorithm, ...]], int] = (
