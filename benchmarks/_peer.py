@@ -33,6 +33,7 @@ __all__ = [
     "PeerError",
     "add_common_arguments",
     "interleaved_times",
+    "rotated_rounds",
     "find_peer_python",
     "pin_threads",
     "summary",
@@ -239,6 +240,20 @@ def interleaved_times(
                 started = time.perf_counter()
                 runner(steps)
                 samples.setdefault((group, name), []).append((time.perf_counter() - started) / steps)
+    return samples
+
+
+def rotated_rounds(contenders: Mapping[str, Callable[[], dict[str, Any]]], rounds: int) -> dict[str, list[dict[str, Any]]]:
+    """Returns each contender's results, one per round: within a round the contenders run one after another in an
+    order that rotates from round to round (so a slow drift of a shared machine lands on all alike); each result
+    is printed as it comes."""
+    samples: dict[str, list[dict[str, Any]]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(contenders[name]())
+            print(f"round {round_index + 1} {name}: {samples[name][-1]}", flush=True)
     return samples
 
 

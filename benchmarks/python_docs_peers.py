@@ -38,7 +38,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _peer import Peer, PeerError, environment, find_peer_python, format_table, pin_threads, write_json
+from _peer import (
+    Peer,
+    PeerError,
+    environment,
+    find_peer_python,
+    format_table,
+    pin_threads,
+    rotated_rounds,
+    write_json,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = ROOT / "recipes" / "python-docs-baseline.toml"
@@ -338,13 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                 contenders["Composer Trainer"] = lambda: peer.call(
                     "composer_run", path=str(data_path), seed=0, algorithms=[], **common
                 )
-            samples: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
-            names = list(contenders)
-            for round_index in range(args.rounds):
-                shift = round_index % len(names)
-                for name in names[shift:] + names[:shift]:
-                    samples[name].append(contenders[name]())
-                    print(f"round {round_index + 1} {name}: {samples[name][-1]}", flush=True)
+            samples = rotated_rounds(contenders, args.rounds)
             per_step = {name: statistics.median(s["wall_time"] for s in runs) / args.steps for name, runs in samples.items()}
             rows = [
                 [name, f"{1000 * per_step[name]:.1f}", f"{per_step['composer_fn Trainer'] / per_step[name]:.3f}",

@@ -18,12 +18,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import nn
 
 from composer_fn.core import random as R
 from composer_fn.core.random import Key
 from composer_fn.core.validate import integer
+from composer_fn.nn.init import built_from_key
 
 __all__ = ["build_causal_lm", "causal_lm_names", "SMALL"]
 
@@ -93,11 +93,8 @@ def build_causal_lm(
         config = transformers.AutoConfig.for_model(name, **fields)
     except (TypeError, ValueError) as error:
         raise ValueError(f"model={name!r} does not take the options {given}: {error}") from None
-    seed = int(R.randint(key if key is not None else R.key(0), 0, 2**24, 1)[0])
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        try:
-            model: nn.Module = transformers.AutoModelForCausalLM.from_config(config)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"model={name!r} with the options {given}: {str(error).splitlines()[0]}") from None
+    try:
+        model: nn.Module = built_from_key(key if key is not None else R.key(0), lambda: transformers.AutoModelForCausalLM.from_config(config))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"model={name!r} with the options {given}: {str(error).splitlines()[0]}") from None
     return model

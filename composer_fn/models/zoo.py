@@ -29,7 +29,7 @@ from torch import nn
 from composer_fn.core import random as R
 from composer_fn.core.random import Key
 from composer_fn.core.validate import integer
-from composer_fn.nn.init import init_parameters, materialise
+from composer_fn.nn.init import built_from_key, init_parameters, materialise
 
 __all__ = ["ZOO", "build_model", "model_names", "torchvision_classifier"]
 
@@ -176,10 +176,7 @@ def torchvision_classifier(
     except (TypeError, NotImplementedError, RuntimeError):
         # Buffers materialise cannot fill, or a constructor that reads values: build for real, under a generator
         # seeded from the key and restored afterwards.
-        seed = int(R.randint(parameter_key, 0, 2**24, 1)[0])
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            return build()
+        return built_from_key(parameter_key, build)
 
 
 def _fit_stem(model: nn.Module, name: str, in_channels: int) -> None:

@@ -7,6 +7,8 @@ constructed on the meta device (so that it drew nothing from PyTorch's global ge
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -15,7 +17,7 @@ from composer_fn.core import random as R
 from composer_fn.core.random import Key, fold_in, name_to_int, normal, uniform
 from composer_fn.nn.keyed import FORWARD_KEY
 
-__all__ = ["init_parameters", "materialise", "require_key"]
+__all__ = ["init_parameters", "materialise", "require_key", "built_from_key"]
 
 _NEGATIVE_SLOPE = math.sqrt(5)
 
@@ -80,6 +82,19 @@ def materialise(module: nn.Module, parameter_key: Key) -> nn.Module:
         for name, parameter in module.named_parameters():
             parameter.copy_(values[name])
     return module
+
+
+_Built = TypeVar("_Built")
+
+
+def built_from_key(parameter_key: Key, build: Callable[[], _Built]) -> _Built:
+    """Returns ``build()`` run with torch's global generator seeded from ``parameter_key`` (for a constructor that
+    draws its own initial values, such as a ``transformers`` model), the generator's state restored afterwards:
+    the same key builds the same module, and the caller's random state is left as it was."""
+    seed = int(R.randint(parameter_key, 0, 2**24, 1)[0])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
 
 
 def require_key(key: object, argument: str = "key") -> Key:
