@@ -4,9 +4,10 @@
 ``AutoModelForCausalLM`` for the model type ``name`` (``gpt2``, ``llama``, ``gpt_neox``, ``qwen2``, ...), whose
 token table has ``vocab_size`` rows and whose position table (where it has one) ``sequence_length`` positions.
 ``options`` are the configuration's own fields (``n_layer``, ``hidden_size``, ...); a field the configuration does
-not have is refused by name. ``gpt2`` and ``llama`` start from the small sizes of ``SMALL`` (a few million
-parameters, which train on a CPU) and without dropout, as a short pre-training run is usually configured; every
-other type starts from its configuration's defaults, which are those of a released model and large.
+not have is refused by name. ``gpt2`` and ``llama`` start from the small sizes of ``SMALL`` (about a million
+parameters with a vocabulary of 4096, which train on a CPU) and without dropout, as a short pre-training run is
+usually configured; every other type starts from its configuration's defaults, which are those of a released
+model and large.
 
 The parameters follow the model's own initialisation (GPT-2's N(0, 0.02), for instance), drawn from a generator
 seeded from the key (``key(0)`` if None) inside ``torch.random.fork_rng``, so the global random state is left as
