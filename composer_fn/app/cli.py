@@ -86,10 +86,6 @@ DATA = (
 )
 """The image datasets ``--data`` reads from disk (``composer_fn.data.DATASETS``)."""
 
-TEXT_DATA = ("python-docs", "hf:PATH")
-"""The text corpora ``--data`` reads (``composer_fn.data.corpus``): the Python documentation's sources, or a local
-file or folder read with Hugging Face ``datasets``."""
-
 ALGORITHMS = (
     "alibi", "augmix", "blurpool", "channels_last", "colout", "cutmix", "cutout", "early_stopper", "ema", "factorize",
     "gated_linear_units", "ghost_batchnorm", "gradient_clipping", "gyro_dropout", "label_smoothing", "layer_freezing",
@@ -200,7 +196,7 @@ def _prepare(args: argparse.Namespace, unit_range: bool, world_size: int = 1) ->
             num_workers=getattr(args, "num_workers", 0) or 0,
             seed=args.seed,
         )
-        shape, num_classes = tuple(data.image_shape), data.num_classes  # an image dataset's
+        shape, num_classes = tuple(data.image_shape), data.num_classes
         if isinstance(data, ImageTask):
             loaders = (
                 TensorLoader(data.train, rank_batch, shuffle=True, seed=args.seed),
@@ -975,7 +971,6 @@ def _export(args: argparse.Namespace) -> int:
     except FileNotFoundError as error:
         if "sequence_length" in metadata:
             raise
-
         shape = tuple(int(d) for d in metadata["image_shape"])
         inputs = R.normal(R.key(0), (8, *shape)).to(torch.float32)
         where = f"8 keyed random images (the data was not found: {str(error).splitlines()[0]})"
