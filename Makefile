@@ -11,11 +11,9 @@ TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; ec
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# --no-compile: Python compiles the modules a run imports when it first imports them, instead of pip compiling
-# every module of every package (torch's and transformers' included) at install.
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q --no-compile -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
