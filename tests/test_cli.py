@@ -34,6 +34,10 @@ def test_plan_prints_the_schedule_table(capsys) -> None:
         (["train", "--max-duration=-2ba"], "--max-duration", "'-2ba'", "epochs or batches"),
         (["train", "--algorithms", "mixup,blurpoool"], "--algorithms", "'blurpoool'", "names among alibi, "),
         (["plan", "--algorithms", "mixup,mixup"], "--algorithms", "'mixup'", "each name once"),
+        (["plan", "--algorithms", "ema(halflife=50ba)"], "--algorithms", "'halflife'", "accepted: half_life (default '1000ba'), "),
+        (["plan", "--algorithms", "mixup(alpha=-1)"], "--algorithms", "mixup(alpha=-1): alpha", ">= 0"),
+        (["plan", "--algorithms", "ema(half_life=50ba"], "--algorithms", "'ema(half_life=50ba'", "closing parenthesis"),
+        (["plan", "--algorithms", "ema(50ba)"], "--algorithms", "ema(50ba)", "expected name=value"),
         (["plan", "--task", "cifar"], "--task", "'cifar'", "choose from 'digits', 'digits-mlp', 'synthetic'"),
         (["train", "--precision", "fp16"], "--precision", "'fp16'", "choose from 'fp32', 'bf16-mixed'"),
         (["train", "--load-path", "missing/latest.pt"], "--load-path", "'missing/latest.pt'", "an existing checkpoint"),
@@ -175,6 +179,23 @@ def test_a_trained_checkpoint_exports_and_predicts_from_the_command_line(capsys,
     accuracy = printed.split("accuracy ")[1].rstrip(")\n")
     correct = sum(row.split(",")[1] == row.split(",")[2] for row in rows[1:])
     assert accuracy == f"{correct / 360:.2%}"
+    # An output that is the command's input is refused in one line, and the checkpoint is kept as it was.
+    checkpoint = str(folder / "latest.pt")
+    before = (folder / "latest.pt").read_bytes()
+    for argv in (
+        ["export", checkpoint, "--output", checkpoint],
+        ["predict", checkpoint, "--output", checkpoint],
+        ["convert", checkpoint, "--output", checkpoint, "--format", "safetensors"],
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and f"--output={checkpoint!r} is the checkpoint this command reads" in err[0], argv
+    # A log file that is a checkpoint is neither appended to nor replaced, even told to overwrite.
+    for overwrite in ([], ["--overwrite-log"]):
+        assert main(["train", "--max-duration", "1ba", "--no-progress", "--log-file", checkpoint, *overwrite]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and "holds something other than a JSON-lines log" in err[0] and "--overwrite-log" not in err[0]
+    assert (folder / "latest.pt").read_bytes() == before
 
 
 def test_a_torchvision_model_by_name_trains_fitted_to_the_task(capsys) -> None:
@@ -239,3 +260,151 @@ def test_model_kwargs_reach_the_constructor_and_the_checkpoint_rebuilds_them(cap
     assert "differ from the module's by at most 0" in capsys.readouterr().out
     assert main(["train", "--model-kwargs", "width=8,depth=3", "--max-duration", "1ba", "--no-progress"]) == 2
     assert "model='small_cnn' does not take the options {'width': 8, 'depth': 3}" in capsys.readouterr().err
+
+
+def test_algorithms_take_hyperparameters_on_the_command_line_as_python_takes_them() -> None:
+    from composer_fn.algorithms import EMA, CutMix, LabelSmoothing, MixUp, SelectiveBackprop
+    from composer_fn.app.cli import parse_algorithms
+
+    given = "ema(half_life=50ba, ema_start=0.1dur),mixup(alpha=0.4, per_sample=true),label_smoothing,cutmix(alpha=1)"
+    expected = (EMA(half_life="50ba", ema_start="0.1dur"), MixUp(alpha=0.4, per_sample=True), LabelSmoothing(), CutMix(alpha=1))
+    assert parse_algorithms(given) == expected
+    assert parse_algorithms("ema(half_life=none, smoothing=0.99)") == (EMA(half_life=None, smoothing=0.99),)
+    keys = parse_algorithms("selective_backprop(input_key=input_ids, target_key=labels, keep=0.5)")
+    assert keys == (SelectiveBackprop(input_key="input_ids", target_key="labels", keep=0.5),)
+
+
+def _train_converters() -> dict:
+    from composer_fn.app.cli import _converters, _parser
+
+    return _converters(_parser()[1]["train"])
+
+
+def test_set_gives_every_recipe_field_a_command_line_form_equal_to_the_file(tmp_path: Path) -> None:
+    from composer_fn.app.recipes import load_recipe
+
+    file = tmp_path / "recipe.toml"
+    file.write_text(
+        'max_duration = "3ep"\nbatch_size = 16\ncallbacks = ["speed", "lr"]\n'
+        '[algorithms.ema]\nhalf_life = "50ba"\n[algorithms.mixup]\nalpha = 0.4\n[algorithms.label_smoothing]\n'
+        '[optimizer]\nname = "adamw"\nlearning_rate = 0.002\nbetas = [0.9, 0.95]\n'
+        '[schedule]\nname = "cosine_warmup"\nt_warmup = "0.1dur"\n'
+        '[loggers]\ntensorboard = "runs/tb"\nwandb = {project = "digits", mode = "offline"}\n'
+        "[execution]\nprecision = \"bf16-mixed\"\n"
+    )
+    settings = [
+        "max_duration=3ep", "batch_size=16", 'callbacks=["speed", "lr"]',
+        "algorithms.ema.half_life=50ba", "algorithms.mixup.alpha=0.4", "algorithms.label_smoothing={}",
+        "optimizer.name=adamw", "optimizer.learning_rate=0.002", "optimizer.betas=[0.9, 0.95]",
+        "schedule.name=cosine_warmup", "schedule.t_warmup=0.1dur",
+        "loggers.tensorboard=runs/tb", 'loggers.wandb={project = "digits", mode = "offline"}',
+        "execution.precision=bf16-mixed",
+    ]  # fmt: skip
+    from_file, from_flags = load_recipe(file, _train_converters()), load_recipe(None, _train_converters(), settings)
+    for field in ("flags", "algorithms", "optimizer", "schedule", "loggers", "callbacks", "evaluators"):
+        assert getattr(from_flags, field) == getattr(from_file, field), field
+    assert from_flags.build_algorithms() == from_file.build_algorithms()
+    # Over a file: a setting replaces the file's value and leaves the rest; a new table adds an algorithm after.
+    over = load_recipe(file, _train_converters(), ["algorithms.ema.half_life=20ba", "algorithms.cutout={}", "batch_size=8"])
+    assert [name for name, _ in over.algorithms] == ["ema", "mixup", "label_smoothing", "cutout"]
+    assert dict(over.algorithms)["ema"] == {"half_life": "20ba"} and over.flags["batch_size"] == 8
+    assert over.optimizer == from_file.optimizer
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("batch_size", "--set 'batch_size': expected FIELD=VALUE"),
+        ("algorithms..alpha=1", "expected FIELD=VALUE"),
+        ("batch_sise=8", "field batch_sise: unknown field; accepted: "),
+        ("batch_size=0", "field batch_size: invalid value '0'"),
+        ("execution.precison=fp32", "field execution.precison: unknown field; accepted: precision, "),
+    ],
+)
+def test_a_bad_setting_is_refused_naming_it(setting: str, message: str) -> None:
+    from composer_fn.app.recipes import RecipeError, load_recipe
+
+    with pytest.raises(RecipeError) as refused:
+        load_recipe(None, _train_converters(), [setting])
+    assert message in str(refused.value)
+
+
+def test_set_on_the_command_line_trains_what_the_recipe_file_trains(capsys, tmp_path: Path) -> None:
+    common = ["train", "--task", "digits-mlp", "--max-duration", "3ba", "--no-progress", "--threads", "1"]
+    file = tmp_path / "r.toml"
+    file.write_text('[algorithms.ema]\nhalf_life = "1ba"\n[optimizer]\nname = "adamw"\nlearning_rate = 0.01\n')
+    def held_out() -> str:
+        return next(line for line in capsys.readouterr().out.splitlines() if "held-out" in line)
+
+    assert main([*common, "--config", str(file)]) == 0
+    from_file = held_out()
+    assert main([*common, "--set", "algorithms.ema.half_life=1ba", "--set", "optimizer.name=adamw", "--set", "optimizer.learning_rate=0.01"]) == 0
+    from_flags = held_out()
+    assert main([*common, "--algorithms", "ema(half_life=1ba)", "--optimizer", "adamw", "--lr", "0.01"]) == 0
+    assert from_flags == from_file == held_out()
+    # A wrong one is refused by name before training.
+    assert main([*common, "--set", "algorithms.ema.halflife=1ba"]) == 2
+    assert "algorithms.ema" in capsys.readouterr().err
+
+
+def test_the_algorithms_command_lists_each_algorithm_and_each_hyperparameter_with_its_default_and_meaning(capsys) -> None:
+    import composer_fn.algorithms  # noqa: F401
+    from composer_fn.app.catalog import options_of
+    from composer_fn.core.algorithm import REGISTRY
+
+    assert main(["algorithms"]) == 0
+    listing = capsys.readouterr().out
+    for name in REGISTRY:
+        assert f"\n{name} " in f"\n{listing}", name
+    for name, cls in REGISTRY.items():
+        assert main(["algorithms", name]) == 0
+        page = capsys.readouterr().out
+        for option in options_of(cls):
+            assert option.meaning, f"{name}.{option.name} has no meaning in its class docstring's Args"
+            assert f"{option.name} " in page and option.default_text() in page
+    assert main(["algorithms", "ema"]) == 0
+    assert "half_life        '1000ba'" in capsys.readouterr().out
+    assert main(["algorithms", "emma"]) == 2
+    assert "unknown algorithm 'emma'; accepted: alibi," in capsys.readouterr().err
+
+
+def test_the_top_help_lists_every_command(capsys) -> None:
+    from composer_fn.app.cli import _parser
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    for command in _parser()[1]:
+        assert f"    {command}" in top and f"``{command}``" in top, command
+
+
+def test_the_command_line_reference_page_is_the_parser_s() -> None:
+    from composer_fn.app.cli_docs import cli_reference
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "reference" / "cli.md"
+    assert page.read_text(encoding="utf-8") == cli_reference(), (
+        "docs/reference/cli.md is out of date: python -m composer_fn.app.cli_docs > docs/reference/cli.md"
+    )
+
+
+def test_a_recipe_gives_model_kwargs_as_a_table_or_as_the_flag_s_text(tmp_path: Path) -> None:
+    from composer_fn.app.recipes import RecipeError, load_recipe
+
+    table, text = tmp_path / "table.toml", tmp_path / "text.toml"
+    table.write_text('model_kwargs = {width = 16, dropout = 0.1, norm = "group", bias = true}\n')
+    text.write_text('model_kwargs = "width=16,dropout=0.1,norm=group,bias=true"\n')
+    expected = {"width": 16, "dropout": 0.1, "norm": "group", "bias": True}
+    assert load_recipe(table, _train_converters()).flags["model_kwargs"] == expected
+    assert load_recipe(text, _train_converters()).flags["model_kwargs"] == expected
+    assert load_recipe(None, _train_converters(), ["model_kwargs={width = 16, dropout = 0.1, norm = 'group', bias = true}"]).flags["model_kwargs"] == expected
+    table.write_text("batch_size = {width = 16}\n")
+    with pytest.raises(RecipeError, match="field batch_size: "):
+        load_recipe(table, _train_converters())
+
+
+def test_a_batch_that_the_processes_do_not_divide_is_refused_before_any_process_starts(capsys) -> None:
+    assert main(["train", "--task", "digits", "--nproc", "3", "--batch-size", "64", "--max-duration", "1ba"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["composer-fn: --batch-size=64 must be a multiple of --nproc=3 (the global batch is split evenly over the processes); expected e.g. --batch-size=63"]
+    assert main(["train", "--task", "digits", "--nproc", "5", "--max-duration", "1ba"]) == 2
+    assert "the default batch of " in capsys.readouterr().err

@@ -235,6 +235,13 @@ def test_report_refuses_a_binary_file_and_an_output_it_cannot_write_in_one_line(
     assert main(["report", str(log), "--output", str(checkpoint / "report.png")]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "output='" in err[0] and "cannot be created" in err[0]
+    for compare in ([], ["--compare", str(log)]):  # the PNG over the log it reads
+        other = tmp_path / "other.jsonl"
+        other.write_text(log.read_text())
+        assert main(["report", str(other), *compare, "--output", str(log if compare else other)]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and "writing it would replace its input" in err[0]
+    assert log.read_text().startswith('{"kind"')
 
 
 @pytest.mark.parametrize("command", ["train", "plan"])
@@ -281,7 +288,7 @@ def _options(command: argparse.ArgumentParser) -> list[argparse.Action]:
 
 def test_every_option_of_every_command_has_help_that_states_its_default() -> None:
     _, commands = _parser()
-    assert set(commands) == {"train", "plan", "profile", "export", "predict", "convert", "pareto", "report"}
+    assert set(commands) == {"train", "plan", "profile", "export", "predict", "convert", "pareto", "report", "algorithms"}
     for name, command in commands.items():
         formatter = command._get_formatter()
         for action in _options(command):

@@ -40,8 +40,11 @@ def _trainer(learning_rate: float, *callbacks: Callback) -> Trainer:
 
 def test_a_diverging_run_stops_at_its_first_non_finite_step_naming_it() -> None:
     reference = _FirstNonFinite()
-    _trainer(1e37, reference).fit()
+    # Without the monitor, the run's own watch names the same step: its loss overflowed, and so its gradient.
+    with pytest.raises(FloatingPointError, match=r"^step (\d+): the loss is NaN or infinite") as stopped:
+        _trainer(1e37, reference).fit()
     assert reference.step is not None
+    assert stopped.match(rf"^step {reference.step}: ")
     monitored = _trainer(1e37, NaNMonitor())
     with pytest.raises(FloatingPointError, match=rf"step {reference.step} \(epoch \d+\): parameter '1.weight' holds NaN"):
         monitored.fit()

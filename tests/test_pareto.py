@@ -218,3 +218,29 @@ def test_a_sweep_names_a_metric_it_compares(tmp_path: Path) -> None:
         pareto.load_sweep(tmp_path / "sweep.toml")
     (tmp_path / "sweep.toml").write_text('recipes = ["plain.toml"]\nmax_durations = ["2ba"]\nmetric = "perplexity"\n')
     assert pareto.load_sweep(tmp_path / "sweep.toml").metric is pareto.METRICS["perplexity"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "recipe_extra", "message"),
+    [
+        ('max_durations = ["2ba"]\nseeds = [0, 1, 0]\n', "", r"seeds=\[0, 1, 0\]: a seed is given twice"),
+        ('max_durations = ["2ba", "3ba", "2ba"]\n', "", r"max_durations=.*: a length is given twice"),
+        ("scale_schedule_ratios = [0.5, 0.50]\n", "", r"scale_schedule_ratios=\[0.5, 0.5\]: a ratio is given twice"),
+        ('max_durations = ["2ba"]\nfolder = "taken"\n', "", r"folder='taken' is a file .*expected a folder"),
+        ('max_durations = ["2ba"]\n[flags]\nthreds = 1\n', "", r"flags.threds: not a flag of composer-fn train"),
+        # A bad second recipe is found before the first recipe's runs, not after them.
+        ('max_durations = ["2ba"]\n', "[algorithms.mixup]\nalfa = 0.2\n", r"recipes: .*second.toml: field algorithms.mixup: "),
+        ('max_durations = ["2ba"]\n', "[schedule]\nname = \"cosine\"\nt_maxx = \"1dur\"\n", r"second.toml: field schedule: "),
+        ('max_durations = ["2ba"]\n', "momentum = -1\n", r"second.toml: field optimizer: momentum"),
+    ],
+    ids=["seeds", "durations", "ratios", "folder", "flag", "algorithm", "schedule", "optimizer"],
+)
+def test_a_sweep_that_would_waste_or_fail_runs_is_refused_before_any_run(
+    tmp_path: Path, fields: str, recipe_extra: str, message: str
+) -> None:
+    (tmp_path / "first.toml").write_text(RECIPE.format(extra=""))
+    (tmp_path / "second.toml").write_text(RECIPE.format(extra="") + recipe_extra)
+    (tmp_path / "taken").write_text("")
+    (tmp_path / "sweep.toml").write_text('recipes = ["first.toml", "second.toml"]\n' + fields)
+    with pytest.raises(pareto.SweepError, match=message):
+        pareto.load_sweep(tmp_path / "sweep.toml")

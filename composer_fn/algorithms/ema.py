@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -29,7 +30,15 @@ from torch import Tensor
 
 from composer_fn.algorithms._timing import batch_end_times, epoch_end_times
 from composer_fn.core import validate
-from composer_fn.core.algorithm import Algorithm, Hook, HostHook, register
+from composer_fn.core.algorithm import (
+    Algorithm,
+    Capabilities,
+    ChangesNothing,
+    Hook,
+    HostHook,
+    UnfitForTheRun,
+    register,
+)
 from composer_fn.core.event import Event
 from composer_fn.core.host import eager
 from composer_fn.core.records import Record, record
@@ -244,6 +253,58 @@ class EMA(Algorithm):
             params=_copies(state.params),
             buffers=_copies(state.buffers),
             started=torch.zeros((), dtype=torch.bool, device=state.step.device),
+        )
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(checks_length=self._checks_length)
+
+    def _first_step(self, max_steps: int, steps_per_epoch: int) -> int:
+        start = _schedule(self).start
+        first = {
+            TimeUnit.DURATION: start.value * max_steps,
+            TimeUnit.EPOCH: start.value * steps_per_epoch,
+            TimeUnit.BATCH: start.value,
+        }[start.unit]
+        return math.ceil(first)
+
+    def changes_nothing_in(self, max_steps: int, steps_per_epoch: int) -> str | None:
+        first = self._first_step(max_steps, steps_per_epoch)
+        if first < max_steps:
+            return None
+        return f"EMA(ema_start={self.ema_start!r}) starts at step {first}, and the whole run is {max_steps}: it never averages"
+
+    def _checks_length(self, max_steps: int, steps_per_epoch: int) -> None:
+        # The average starts from the weights of its first update; after n more updates those weights still hold
+        # smoothing ** n of it. A half-life beyond a quarter of the span leaves them more than 1/16 at the end.
+        reason = self.changes_nothing_in(max_steps, steps_per_epoch)
+        if reason is not None:
+            warnings.warn(ChangesNothing(reason, "EMA"), stacklevel=4)  # the user's Trainer(...) call
+            return
+        schedule = _schedule(self)
+        span = max_steps - self._first_step(max_steps, steps_per_epoch)
+        per_update = schedule.interval.value * (steps_per_epoch if schedule.interval.unit is TimeUnit.EPOCH else 1)
+        updates = span // per_update
+        left = schedule.smoothing**updates
+        if left <= 2**-4:
+            return
+        # A tenth of the span, in the interval's unit; in batches where that is under one epoch (unless the
+        # interval is set in epochs, which the half-life must share).
+        in_epochs = schedule.interval.unit is TimeUnit.EPOCH
+        if in_epochs and (span / steps_per_epoch >= 10 or self.update_interval is not None):
+            unit, length = "ep", span / steps_per_epoch
+        else:
+            unit, length = "ba", float(span)
+        suggested = max(1, round(length / 10))
+        setting = f"half_life={self.half_life!r}" if self.half_life is not None else f"smoothing={self.smoothing!r}"
+        warnings.warn(
+            UnfitForTheRun(
+                f"EMA({setting}) averages over {span} steps of this {max_steps}-step run, and at its end the weights "
+                f"it started from still hold {left:.0%} of the average that evaluation and the checkpoint use: "
+                f"a half-life of at most a quarter of the span acts (half_life='{suggested}{unit}' leaves them "
+                f"{2 ** -(length / suggested):.1%})",
+                "EMA",
+            ),
+            stacklevel=4,  # the user's Trainer(...) call
         )
 
     def traced_hooks(self, plan_key: Hashable = ()) -> Mapping[Event, Hook]:

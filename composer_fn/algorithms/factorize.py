@@ -314,7 +314,18 @@ def apply_factorization(
 @register
 @dataclass(frozen=True)
 class Factorize(Surgery):
-    """Factorizes wide ``Conv2d`` and ``Linear`` layers at INIT (Composer's ``Factorize``; class defaults)."""
+    """Factorizes wide ``Conv2d`` and ``Linear`` layers at INIT (Composer's ``Factorize``; class defaults).
+
+    Args:
+        factorize_convs: whether to factorize ``Conv2d`` layers.
+        factorize_linears: whether to factorize ``Linear`` layers.
+        min_channels: a convolution is factorized only with at least this many input and output channels.
+        latent_channels: a convolution's latent channels: a count, or a fraction of its smaller channel count.
+        min_features: a linear layer is factorized only with at least this many input and output features.
+        latent_features: a linear layer's latent features: a count, or a fraction of its smaller feature count.
+
+    A layer is factorized only when its latent width saves multiply-adds.
+    """
 
     layers: ClassVar[LayerKinds] = LayerKinds((nn.Conv2d, nn.Linear), subclasses="none")
 

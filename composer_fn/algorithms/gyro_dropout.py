@@ -223,7 +223,13 @@ def apply_gyro_dropout(
 @register
 @dataclass(frozen=True)
 class GyroDropout(Surgery):
-    """Replaces ``nn.Dropout`` by ``GyroDropoutLayer`` at INIT (Composer's ``GyroDropout``)."""
+    """Replaces ``nn.Dropout`` by ``GyroDropoutLayer`` at INIT (Composer's ``GyroDropout``).
+
+    Args:
+        p: the probability of dropping a feature, in each mask of the bank.
+        sigma: the masks in the bank (the subnetworks trained).
+        tau: the masks active at once, each serving a group of the batch's samples.
+    """
 
     p: float = 0.5
     sigma: int = 256

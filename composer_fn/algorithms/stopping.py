@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from composer_fn.core import validate
-from composer_fn.core.algorithm import Algorithm, Capabilities, ChangesNothing, register
+from composer_fn.core.algorithm import Algorithm, Capabilities, ChangesNothing, UnfitForTheRun, register
 from composer_fn.core.records import Record, record
 from composer_fn.core.state import State, Static
 from composer_fn.core.time import Timestamp, TimeUnit
@@ -260,6 +260,22 @@ class ThresholdStopper(Algorithm):
                 f"ThresholdStopper(threshold={self.threshold!r}): {_logged_name(self.monitor, self.dataloader_label)!r} "
                 f"lies in [{low:g}, {high:g}], so it never becomes {sign} {self.threshold!r} (comp={comp!r}) and the run "
                 f"would never stop; expected a threshold within [{low:g}, {high:g}]"
+            )
+        if best == self.threshold:
+            # Reachable, but only by a perfect score (every held-out sample right): most runs go to their end.
+            if math.isfinite(high - low):
+                inside = best - 0.01 * (high - low) if comp in ("gt", "ge") else best + 0.01 * (high - low)
+                instead = f"a threshold inside [{low:g}, {high:g}] stops it (threshold={inside:g})"
+            else:
+                instead = f"a threshold {'below' if comp in ('gt', 'ge') else 'above'} {best:g}, the value aimed for, stops it"
+            warnings.warn(
+                UnfitForTheRun(
+                    f"ThresholdStopper(threshold={self.threshold!r}): {_logged_name(self.monitor, self.dataloader_label)!r} "
+                    f"reaches {best:g} only at its bound (a perfect score), so the run will most likely go to its end; "
+                    f"{instead}",
+                    "ThresholdStopper",
+                ),
+                stacklevel=4,  # the user's Trainer(...) call
             )
 
     def _stops(self, entry: None, metrics: Mapping[str, float], where: str, timestamp: Timestamp) -> tuple[None, bool]:

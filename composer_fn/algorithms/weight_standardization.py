@@ -195,7 +195,12 @@ def apply_weight_standardization(module: nn.Module, n_last_layers_ignore: int = 
 @register
 @dataclass(frozen=True)
 class WeightStandardization(Surgery):
-    """Standardizes the weights of convolutions at INIT (Composer's ``WeightStandardization``)."""
+    """Standardizes the weights of convolutions at INIT (Composer's ``WeightStandardization``).
+
+    Args:
+        n_last_layers_ignore: the convolutions left plain at the end of the model, in the order the forward calls
+            them (as ``torch.fx`` traces it; else the order they were registered in).
+    """
 
     n_last_layers_ignore: int = 0
 

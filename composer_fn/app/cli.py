@@ -1,5 +1,7 @@
-"""The ``composer-fn`` command: ``train`` a task with algorithms, print the ``plan`` of a run without training,
-``profile`` a few steps, or draw a run's log as a ``report``."""
+"""The ``composer-fn`` command: ``train`` a model with algorithms, print the ``plan`` of a run without training,
+``profile`` a few steps, ``export`` or ``convert`` a checkpoint, ``predict`` with it, sweep recipes with ``pareto``,
+draw a run's log as a ``report``, or list the ``algorithms`` and their hyperparameters. A recipe file
+(``--config``) sets what the flags set and more; ``--set FIELD=VALUE`` sets any of its fields."""
 
 from __future__ import annotations
 
@@ -187,14 +189,15 @@ def _prepare(args: argparse.Namespace, unit_range: bool, world_size: int = 1) ->
     else:
         from composer_fn.data import ImageTask, load_dataset
 
+        folder = name == "imagefolder"  # the other data sets are read into memory and batched below
         data = load_dataset(
             name,
             getattr(args, "data_dir", None),
             standardize=not unit_range,
             image_size=getattr(args, "image_size", None),
-            batch_size=rank_batch,
-            num_workers=getattr(args, "num_workers", 0) or 0,
-            seed=args.seed,
+            batch_size=rank_batch if folder else None,
+            num_workers=(getattr(args, "num_workers", 0) or 0) if folder else None,
+            seed=args.seed if folder else None,
         )
         shape, num_classes = tuple(data.image_shape), data.num_classes
         if isinstance(data, ImageTask):
@@ -254,7 +257,7 @@ class _HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if action.dest == "algorithms":
+        if action.dest == "algorithms" and action.option_strings:
             text += f"; accepted: {', '.join(ALGORITHMS)}"
         default = action.default
         if not action.option_strings or "default" in text or "if omitted" in text:
@@ -448,9 +451,9 @@ def _data_flags(command: argparse.ArgumentParser, omitted: str = "the embedded -
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """Returns the command's parser and its subcommands' parsers by name."""
     parser = _Parser(prog="composer-fn", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command, text in (
-        ("train", "train a task"),
+        ("train", "train a model on an embedded task or on data from disk"),
         ("plan", "print which algorithm runs when, without training"),
         ("profile", "train a few steps under the profiler; print the slowest operators and each algorithm's time"),
     ):
@@ -463,8 +466,18 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         sub.add_argument(
             "--algorithms",
             default=None,
-            help="comma-separated names, each with its default hyperparameters, e.g. mixup,label_smoothing "
-            "(the recipe's, or none, if omitted)",
+            help="comma-separated names, each with its defaults or with hyperparameters, e.g. "
+            "'ema(half_life=50ba),mixup(alpha=0.2),label_smoothing' (the recipe's, or none, if omitted; "
+            "composer-fn algorithms NAME lists one's hyperparameters)",
+        )
+        sub.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="FIELD=VALUE",
+            help="set a recipe field, a table's by its dotted path, over the recipe's: algorithms.ema.half_life=50ba, "
+            "optimizer.name=adamw, schedule.t_warmup=0.1dur, loggers.tensorboard=runs/tb, callbacks='[\"lr\"]' "
+            "(repeatable; none if omitted)",
         )
         sub.add_argument(
             "--model",
@@ -628,24 +641,22 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "--labels", default="", help="comma-separated names of the runs, in order (by default each run's folder name)"
     )
     report.add_argument("--output", type=Path, default=None, help="the PNG to write (default: report.png by the run)")
+    listing = commands.add_parser("algorithms", help="list the algorithms, or one's hyperparameters with their defaults")
+    listing.add_argument("name", nargs="?", default=None, help="an algorithm's name (all of them, one line each, if omitted)")
     return parser, dict(commands.choices)
 
 
 def parse_algorithms(text: str) -> tuple[Algorithm, ...]:
-    """Returns the algorithms named in a comma-separated list, each with its default hyperparameters.
+    """Returns the algorithms named in a comma-separated list, each with its default hyperparameters or those given
+    in parentheses: ``'ema(half_life=50ba),mixup(alpha=0.2),label_smoothing'``.
 
-    Raises ValueError naming an unknown or repeated name and the accepted names.
+    Raises ValueError naming an unknown or repeated name, an unknown hyperparameter or a bad value, and what is
+    accepted.
     """
-    import composer_fn.algorithms  # noqa: F401  (registers every algorithm)
-    from composer_fn.core.algorithm import REGISTRY
+    from composer_fn.app.catalog import build_algorithms
+    from composer_fn.app.recipes import parse_algorithm_list
 
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    for index, name in enumerate(names):
-        if name not in REGISTRY:
-            raise ValueError(f"unknown algorithm {name!r}; accepted: comma-separated names among {', '.join(sorted(REGISTRY))}")
-        if name in names[:index]:
-            raise ValueError(f"algorithm {name!r} is named twice; accepted: each name once")
-    return tuple(REGISTRY[name]() for name in names)
+    return build_algorithms(parse_algorithm_list(text))
 
 
 def _wants_unit_range(algorithms: tuple[Algorithm, ...]) -> bool:
@@ -975,6 +986,7 @@ def _export(args: argparse.Namespace) -> int:
         inputs = R.normal(R.key(0), (8, *shape)).to(torch.float32)
         where = f"8 keyed random images (the data was not found: {str(error).splitlines()[0]})"
     output = args.output or _beside(args.checkpoint).with_suffix(SUFFIXES[args.format])
+    _refuse_an_input(output, "--output", checkpoint=args.checkpoint)
     check = export_model(model, inputs, output, format=args.format)
     print(f"wrote {check.path} ({args.format}); on {where} its outputs differ from the module's by at most {check.max_difference:.3g}")
     return 0
@@ -996,6 +1008,24 @@ def _logits_of_ids(model: nn.Module) -> nn.Module:
     return Logits(model).eval()
 
 
+def _refuse_an_input(output: Path | str, flag: str, **inputs: Any) -> None:
+    """Raises ValueError when ``output`` is one of the command's ``inputs`` (by argument name) or lies inside one
+    (an input folder): writing it would replace what the command reads."""
+    if not isinstance(output, Path) and "://" in str(output):
+        return
+    written = Path(output).resolve()
+    for name, value in inputs.items():
+        if value is None or "://" in str(value):
+            continue
+        source = Path(value).resolve()
+        if written == source or source in written.parents:
+            where = "is" if written == source else "lies inside"
+            raise ValueError(
+                f"{flag}={str(output)!r} {where} the {name.replace('_', '-')} this command reads ({str(value)!r}): "
+                "writing it would replace its input; expected another path"
+            )
+
+
 def _beside(checkpoint: Path | str) -> Path:
     # Where a file made from a checkpoint goes by default: beside it, or in the working folder for one in a bucket.
     from composer_fn.trainer.object_store import split_url
@@ -1006,6 +1036,7 @@ def _beside(checkpoint: Path | str) -> Path:
 def _convert(args: argparse.Namespace) -> int:
     from composer_fn.trainer.checkpoint import convert_checkpoint
 
+    _refuse_an_input(args.output, "--output", checkpoint=args.checkpoint)
     written = convert_checkpoint(args.checkpoint, args.output, format=args.format)
     print(f"wrote {written} ({args.format}) from {args.checkpoint}")
     return 0
@@ -1033,6 +1064,7 @@ def _predict(args: argparse.Namespace) -> int:
     loader = data.heldout if args.split == "heldout" else _in_order(data.train, args.batch_size)
     source = _beside(args.checkpoint)
     output = args.output or source.with_name(f"{source.stem}-{data.name}-{args.split}.csv")
+    _refuse_an_input(output, "--output", checkpoint=args.checkpoint, data_dir=args.data_dir)
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(f".{output.name}.tmp")
     correct = total = 0
@@ -1067,6 +1099,8 @@ def _predict_text(args: argparse.Namespace, model: nn.Module, data: Prepared) ->
     source = _beside(args.checkpoint)
     name = data.name.replace("hf:", "hf-").replace("/", "-")
     output = args.output or source.with_name(f"{source.stem}-{name}-{args.split}.csv")
+    corpus = args.data.removeprefix("hf:") if (args.data or "").startswith("hf:") else None
+    _refuse_an_input(output, "--output", checkpoint=args.checkpoint, data_dir=args.data_dir, data=corpus)
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(f".{output.name}.tmp")
     total_loss, total_tokens, index = 0.0, 0, 0
@@ -1146,7 +1180,7 @@ def _converters(command: argparse.ArgumentParser) -> dict[str, Callable[[str], o
     """Returns, by field name, how the command converts each flag's text (a recipe's fields go through it)."""
     converters: dict[str, Callable[[str], object]] = {}
     for action in command._actions:
-        if not action.option_strings or action.dest in ("help", "config", "algorithms"):
+        if not action.option_strings or action.dest in ("help", "config", "algorithms", "set"):
             continue
         if isinstance(action, argparse._StoreTrueAction):
             converters[action.dest] = bool
@@ -1189,6 +1223,17 @@ def _pareto(args: argparse.Namespace) -> int:
     return 0
 
 
+def _algorithms(args: argparse.Namespace) -> int:
+    from composer_fn.app.catalog import algorithm_page, algorithm_table
+
+    try:
+        print(algorithm_table() if args.name is None else algorithm_page(args.name))
+    except ValueError as error:
+        print(f"composer-fn: argument name: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from composer_fn.app.report import write_report
 
@@ -1196,6 +1241,10 @@ def _report(args: argparse.Namespace) -> int:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            if args.output is not None:
+                for index, run in enumerate([args.run, *args.compare]):
+                    if run.is_file():  # a log given as the run (a run folder cannot be the PNG)
+                        _refuse_an_input(args.output, "--output", **{"run" if index == 0 else "--compare run": run})
             path = write_report([args.run, *args.compare], args.output, labels=labels)
     except (ValueError, TypeError, OSError) as error:
         print(f"composer-fn: {error}", file=sys.stderr)
@@ -1241,11 +1290,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, TypeError, OSError) as error:
             print(f"composer-fn: {error}", file=sys.stderr)
             return 2
+    if args.command == "algorithms":
+        return _algorithms(args)
     recipe = None
-    if args.config is not None:
-        # The recipe's fields become the command's defaults: a flag given on the command line still wins.
+    if args.config is not None or args.set:
+        # The recipe's fields (and --set's over them) become the command's defaults: a flag still wins.
         try:
-            recipe = load_recipe(args.config, _converters(commands["train"]))
+            recipe = load_recipe(args.config, _converters(commands["train"]), args.set)
         except (ValueError, TypeError, OSError) as error:
             print(f"composer-fn: {error}", file=sys.stderr)
             return 2
@@ -1269,13 +1320,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"composer-fn: {error}", file=sys.stderr)
         return 2
     if args.command in ("train", "profile") and args.nproc is not None and "WORLD_SIZE" not in os.environ:
+        batch = args.batch_size if args.batch_size is not None else _source(args)[1]
+        if batch % args.nproc:  # refused here, once, rather than by each process under torchrun
+            given = f"--batch-size={batch}" if args.batch_size is not None else f"the default batch of {batch}"
+            print(
+                f"composer-fn: {given} must be a multiple of --nproc={args.nproc} (the global batch is split evenly "
+                f"over the processes); expected e.g. --batch-size={max(batch - batch % args.nproc, args.nproc)}",
+                file=sys.stderr,
+            )
+            return 2
         return _launch(list(sys.argv[1:] if argv is None else argv), args.nproc)
     run: Callable[[argparse.Namespace, tuple[Algorithm, ...]], int] = (
         _train if args.command in ("train", "profile") else _plan
     )
     try:
         return run(args, algorithms)
-    except (ValueError, TypeError, OSError) as error:
+    except (ValueError, TypeError, OSError, FloatingPointError) as error:
         print(f"composer-fn: {error}", file=sys.stderr)
         return 2
 

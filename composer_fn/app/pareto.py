@@ -205,6 +205,8 @@ def load_sweep(path: str | os.PathLike[str]) -> Sweep:
         if not valid:
             raise SweepError(f"{source}: scale_schedule_ratios={lengths!r}: expected a non-empty list of numbers > 0")
         texts = tuple(repr(float(r)) for r in lengths)
+        if len(set(texts)) != len(texts):
+            raise SweepError(f"{source}: scale_schedule_ratios={lengths!r}: a ratio is given twice; expected each once")
     else:
         from composer_fn.core.time import TimeUnit
 
@@ -216,9 +218,14 @@ def load_sweep(path: str | os.PathLike[str]) -> Sweep:
         except ValueError as error:
             raise SweepError(f"{source}: {error}") from None
         texts = tuple(lengths)
+        steps = [validate.time("max_durations", text, (TimeUnit.EPOCH, TimeUnit.BATCH), "4ep") for text in lengths]
+        if len(set(steps)) != len(steps):
+            raise SweepError(f"{source}: max_durations={lengths!r}: a length is given twice; expected each once")
     seeds = table.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds or not all(validate.is_integer(s) and s >= 0 for s in seeds):
         raise SweepError(f"{source}: seeds={seeds!r}: expected a non-empty list of whole numbers >= 0")
+    if len(set(seeds)) != len(seeds):
+        raise SweepError(f"{source}: seeds={seeds!r}: a seed is given twice; expected each once")
     baseline = table.get("baseline", stems[0])
     if baseline not in stems:
         raise SweepError(f"{source}: baseline={baseline!r}: expected one of the recipes' names {stems}")
@@ -233,7 +240,30 @@ def load_sweep(path: str | os.PathLike[str]) -> Sweep:
     if metric not in METRICS:
         raise SweepError(f"{source}: metric={metric!r}: expected one of {', '.join(METRICS)}")
     folder = here / table["folder"] if "folder" in table else here / "runs" / source.stem
+    if folder.exists() and not folder.is_dir():
+        raise SweepError(f"{source}: folder={str(table.get('folder', folder))!r} is a file ({folder.resolve()}); expected a folder")
+    _check_recipes(source, paths, flags)
     return Sweep(source, paths, texts, by_ratio, tuple(seeds), folder.resolve(), baseline, dict(flags), METRICS[metric])
+
+
+def _check_recipes(source: Path, recipes: tuple[Path, ...], flags: dict[str, Any]) -> None:
+    """Reads each recipe (its fields, algorithms, optimizer, schedule) and the sweep's flags as ``train`` would, so
+    that a bad one is found before any run, not after the runs before it."""
+    from composer_fn.app.cli import _converters, _parser
+    from composer_fn.app.recipes import RecipeError, load_recipe
+
+    converters = _converters(_parser()[1]["train"])
+    for name in flags:
+        if name not in converters:
+            raise SweepError(f"{source}: flags.{name}: not a flag of composer-fn train; accepted: {', '.join(sorted(converters))}")
+    for recipe_path in recipes:
+        try:
+            recipe = load_recipe(recipe_path, converters)
+            recipe.build_algorithms()
+            recipe.build_optimizer({"name": "sgd", "learning_rate": 0.1}, None if "learning_rate" in recipe.optimizer else 0.1)
+            recipe.build_schedule({"name": "constant"})
+        except (RecipeError, ValueError, TypeError) as error:
+            raise SweepError(f"{source}: recipes: {error}") from None
 
 
 def _command(run: RunSpec, flags: dict[str, Any]) -> list[str]:

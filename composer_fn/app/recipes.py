@@ -38,12 +38,18 @@ DeepSpeed JSON config whose ZeRO stage, precision, gradient clipping and batch k
 (``composer_fn.trainer.deepspeed``).
 
 An unknown field or a bad value is an error that names the file, the field and what is accepted.
+
+On the command line, ``--set FIELD=VALUE`` sets any field of the recipe, a table's by its dotted path
+(``--set algorithms.ema.half_life=50ba``, ``--set optimizer.name=adamw``, ``--set schedule.t_warmup=0.1dur``,
+``--set loggers.tensorboard=runs/tb``, ``--set callbacks='["speed", "lr"]'``); the value is read as a TOML value,
+and as text where it is not one (``50ba``). ``--set algorithms.ema={}`` adds an algorithm with its defaults.
+``--algorithms 'ema(half_life=50ba),mixup(alpha=0.2)'`` names the whole list with hyperparameters the same way.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,7 +62,18 @@ if TYPE_CHECKING:
     from composer_fn.loggers import Logger
     from composer_fn.optim import GradientTransformation
 
-__all__ = ["Recipe", "load_recipe", "recipe_fields", "OPTIMIZERS", "SCHEDULES", "CALLBACKS", "TRACKERS"]
+__all__ = [
+    "Recipe",
+    "load_recipe",
+    "recipe_fields",
+    "parse_setting",
+    "parse_algorithm_list",
+    "setting_value",
+    "OPTIMIZERS",
+    "SCHEDULES",
+    "CALLBACKS",
+    "TRACKERS",
+]
 
 OPTIMIZERS = ("sgd", "sgdw", "adam", "adamw", "decoupled_adamw")
 SCHEDULES = {
@@ -231,33 +248,26 @@ class Recipe:
             raise self.error(name, f"{error}") from None
 
 
-def load_recipe(path: str | os.PathLike[str], flags: Mapping[str, Callable[[str], Any]]) -> Recipe:
-    """Returns the recipe in the TOML file at ``path``.
+def load_recipe(
+    path: str | os.PathLike[str] | None, flags: Mapping[str, Callable[[str], Any]], settings: Sequence[str] = ()
+) -> Recipe:
+    """Returns the recipe in the TOML file at ``path`` (none: an empty one), with ``settings`` (``--set``'s
+    ``FIELD=VALUE`` texts, see ``parse_setting``) over its fields, in order.
 
     ``flags`` maps each accepted top-level field to the converter of its command-line flag (a string in, the
     value out, ``argparse.ArgumentTypeError`` for a bad one); a field that is not a string is converted from
     its text, so a recipe accepts exactly what the flag accepts.
     """
-    import argparse
-
-    file = Path(path)
-    data = recipe_fields(file)
+    file = Path(path) if path is not None else Path("--set")
+    data = recipe_fields(file) if path is not None else {}
+    for text in settings:
+        # Checked here too, so that an error names the setting rather than the file it would go over.
+        setting = Recipe(Path(f"--set {text}"), {})
+        fields = _record_tables_as_fields(setting, parse_setting(text))
+        _check_fields(setting, {name: value for name, value in fields.items() if name not in _TABLES}, flags)
+        data = _merge(data, fields)
     recipe = Recipe(file, {})
-    values: dict[str, Any] = {}
-    for name, value in data.items():
-        if name in _TABLES or name == "callbacks":
-            continue
-        if name not in flags:
-            accepted = ", ".join(sorted(set([*flags, *_TABLES, "callbacks"])))
-            raise recipe.error(name, f"unknown field; accepted: {accepted}")
-        convert = flags[name]
-        if isinstance(value, bool) or convert is bool:
-            values[name] = _flag_switch(recipe, name, value, convert)
-            continue
-        try:
-            values[name] = convert(str(value)) if not isinstance(value, str) or convert is not str else value
-        except (argparse.ArgumentTypeError, ValueError) as error:
-            raise recipe.error(name, str(error)) from None
+    values = _check_fields(recipe, data, flags)
     algorithms = data.get("algorithms", {})
     if not isinstance(algorithms, dict) or not all(isinstance(v, dict) for v in algorithms.values()):
         raise recipe.error("algorithms", "expected tables [algorithms.<name>] of hyperparameters")
@@ -280,6 +290,122 @@ def load_recipe(path: str | os.PathLike[str], flags: Mapping[str, Callable[[str]
         tuple(callbacks),
         tuple(tables["evaluators"].items()),
     )
+
+
+def _check_fields(recipe: Recipe, data: Mapping[str, Any], flags: Mapping[str, Callable[[str], Any]]) -> dict[str, Any]:
+    """Returns the top-level fields of ``data`` (not its tables) converted by their flags' converters; raises
+    RecipeError naming an unknown field or a bad value."""
+    import argparse
+
+    values: dict[str, Any] = {}
+    for name, value in data.items():
+        if name in _TABLES or name == "callbacks":
+            continue
+        if name not in flags:
+            accepted = ", ".join(sorted(set([*flags, *_TABLES, "callbacks"])))
+            raise recipe.error(name, f"unknown field; accepted: {accepted}")
+        convert = flags[name]
+        if isinstance(value, bool) or convert is bool:
+            values[name] = _flag_switch(recipe, name, value, convert)
+            continue
+        if isinstance(value, dict) and all(isinstance(v, str | int | float) for v in value.values()):
+            # A table of plain values ({width = 16, norm = "group"}) is the flag's name=value pairs.
+            value = ",".join(f"{key}={str(v).lower() if isinstance(v, bool) else v}" for key, v in value.items())
+        try:
+            values[name] = convert(str(value)) if not isinstance(value, str) or convert is not str else value
+        except (argparse.ArgumentTypeError, ValueError) as error:
+            raise recipe.error(name, str(error)) from None
+    return values
+
+
+def parse_setting(text: str) -> dict[str, Any]:
+    """Returns ``--set``'s ``FIELD=VALUE`` as the nested tables a recipe file would hold: ``algorithms.ema.half_life=50ba``
+    is ``{"algorithms": {"ema": {"half_life": "50ba"}}}`` (the value read by ``setting_value``).
+
+    Raises RecipeError naming the text and what is expected.
+    """
+    path, equals, value = text.partition("=")
+    names = path.strip().split(".")
+    if not equals or not all(name.strip() for name in names):
+        raise RecipeError(
+            f"--set {text!r}: expected FIELD=VALUE, a recipe field or a table's dotted path "
+            "(max_duration=3ep, algorithms.ema.half_life=50ba, optimizer.learning_rate=0.1)"
+        )
+    table: dict[str, Any] = {names[-1].strip(): setting_value(value.strip())}
+    for name in reversed(names[:-1]):
+        table = {name.strip(): table}
+    return table
+
+
+def setting_value(text: str) -> Any:
+    """Returns a value as ``--set`` and ``--algorithms`` read it: a TOML value (``0.2``, ``true``, ``"a b"``,
+    ``[1, 2]``, ``{}``), ``None`` for ``none``/``None``, else the text itself (``50ba``, ``cosine_warmup``)."""
+    if text in ("none", "None"):
+        return None
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: numbers and true/false, the rest as text
+        import json
+
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_algorithm_list(text: str) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """Returns the algorithms of ``--algorithms`` by name, each with its hyperparameters: a comma-separated list
+    of names, each bare (its defaults) or with ``(name=value, ...)`` (``ema(half_life=50ba),mixup(alpha=0.2)``;
+    values as ``setting_value`` reads them).
+
+    Raises ValueError naming the item and what is expected.
+    """
+    items: list[tuple[str, dict[str, Any]]] = []
+    for item in _split_top_level(text, ","):
+        name, opening, rest = item.partition("(")
+        name = name.strip()
+        if not name:
+            raise ValueError(f"{item!r}: expected an algorithm's name, optionally with (name=value, ...)")
+        arguments: dict[str, Any] = {}
+        if opening:
+            if not rest.rstrip().endswith(")"):
+                raise ValueError(f"{item.strip()!r}: expected name(name=value, ...) with its closing parenthesis")
+            for argument in _split_top_level(rest.rstrip()[:-1], ","):
+                key, equals, value = argument.partition("=")
+                if not equals or not key.strip().isidentifier():
+                    raise ValueError(f"{name}({argument.strip()}): expected name=value, e.g. {name}(alpha=0.2)")
+                if key.strip() in arguments:
+                    raise ValueError(f"{name}: {key.strip()!r} is given twice; expected each hyperparameter once")
+                arguments[key.strip()] = setting_value(value.strip())
+        items.append((name, arguments))
+    return tuple(items)
+
+
+def _split_top_level(text: str, separator: str) -> list[str]:
+    """Returns the non-empty parts of ``text`` between ``separator``s outside brackets and quotes."""
+    parts: list[str] = []
+    current: list[str] = []
+    depth, quote = 0, ""
+    for character in text:
+        if quote:
+            quote = "" if character == quote else quote
+        elif character in "\"'":
+            quote = character
+        elif character in "([{":
+            depth += 1
+        elif character in ")]}":
+            depth -= 1
+        elif character == separator and depth == 0:
+            parts.append("".join(current))
+            current = []
+            continue
+        current.append(character)
+    parts.append("".join(current))
+    return [part.strip() for part in parts if part.strip()]
 
 
 def _record_tables_as_fields(recipe: Recipe, data: Mapping[str, Any]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ __all__ = [
     "Algorithm",
     "Capabilities",
     "ChangesNothing",
+    "UnfitForTheRun",
     "Hook",
     "HostHook",
     "REGISTRY",
@@ -126,6 +127,19 @@ class ChangesNothing(UserWarning):
     def __init__(self, message: str, algorithm: str) -> None:
         super().__init__(message)
         self.algorithm = algorithm
+
+
+class UnfitForTheRun(UserWarning):
+    """The warning of an algorithm whose setting outlasts the run it is in, so that it acts against it or not at
+    all (an average whose half-life is longer than the run, a stopping threshold that only a perfect score
+    reaches, a warm-up longer than the run); the message names the value that would act.
+
+    ``name`` is the class name of the algorithm or learning-rate schedule it is about (``"EMA"``).
+    """
+
+    def __init__(self, message: str, name: str) -> None:
+        super().__init__(message)
+        self.name = name
 
 
 class _Record(type):

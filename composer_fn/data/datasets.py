@@ -21,17 +21,27 @@ def load_dataset(
     *,
     standardize: bool = True,
     image_size: int | tuple[int, int] | None = None,
-    batch_size: int = 64,
-    num_workers: int = 0,
-    seed: int = 0,
+    batch_size: int | None = None,
+    num_workers: int | None = None,
+    seed: int | None = None,
 ) -> ImageTask | FolderTask:
     """Returns data set ``name`` (one of ``DATASETS``) found under ``root``.
 
     IDX data sets (``load_idx_task``) and CIFAR (``load_cifar_task``, fine labels) are read into memory and give
     an ``ImageTask``; ``"imagefolder"`` reads the folder ``root`` (required) with ``load_image_folder_task`` and
-    gives a ``FolderTask``. ``image_size``, ``batch_size``, ``num_workers`` and ``seed`` concern the image folder
-    only: the in-memory tasks are batched by whoever consumes them (``TensorLoader``).
+    gives a ``FolderTask``. ``image_size``, ``batch_size`` (64 by default), ``num_workers`` (0) and ``seed`` (0)
+    concern the image folder only, and are refused for the others: the in-memory tasks are batched by whoever
+    consumes them (``TensorLoader``).
     """
+    if name in IDX_DATASETS or name in CIFAR_DATASETS:
+        given = {"image_size": image_size, "batch_size": batch_size, "num_workers": num_workers, "seed": seed}
+        for argument, value in given.items():
+            if value is not None:
+                raise ValueError(
+                    f"{argument}={value!r}: {name!r} is read into memory whole, and {argument} concerns the "
+                    "'imagefolder' data set only; expected it left out (batch the task's tensors with "
+                    "composer_fn.data.TensorLoader(task.train, batch_size, seed=...))"
+                )
     if name in IDX_DATASETS:
         return load_idx_task(name, root, standardize=standardize)
     if name in CIFAR_DATASETS:
@@ -46,9 +56,9 @@ def load_dataset(
             root,
             standardize=standardize,
             image_size=image_size,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            seed=seed,
+            batch_size=64 if batch_size is None else batch_size,
+            num_workers=0 if num_workers is None else num_workers,
+            seed=0 if seed is None else seed,
         )
     raise ValueError(
         f"name={name!r} is not a known data set: expected one of {', '.join(map(repr, DATASETS))}"

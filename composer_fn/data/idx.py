@@ -152,12 +152,13 @@ _PARTS = ("train-images", "train-labels", "test-images", "test-labels")
 def read_idx(path: str | Path) -> Tensor:
     """Returns the values of the IDX file at ``path`` as a fresh tensor of the file's type and shape.
 
-    The file is gunzipped when its name ends in ``.gz`` or its bytes start with the gzip magic ``1f 8b``. An
+    The file is gunzipped when its bytes start with the gzip magic ``1f 8b``, whatever its name (an IDX file
+    named ``.gz`` that a browser or a tool already unpacked is read as it is: IDX starts with two zero bytes). An
     empty, truncated, over-long, corrupt or foreign file raises ``ValueError`` naming ``path``.
     """
     path = Path(path)
     data = path.read_bytes()
-    if path.name.endswith(".gz") or data[:2] == _GZIP_MAGIC:
+    if data[:2] == _GZIP_MAGIC:
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as error:

@@ -60,7 +60,10 @@ class JSONLLogger(Logger):
         appends."""
         self.close()
         self._mode = "a"
-        if step > 0 or not self.path.is_file() or self.path.stat().st_size == 0:
+        if not self.path.is_file() or self.path.stat().st_size == 0:
+            return
+        self._refuse_other_files()
+        if step > 0:
             return
         if self.overwrite:
             self._mode = "w"
@@ -72,6 +75,22 @@ class JSONLLogger(Logger):
             "(not resumed from a checkpoint): its records would follow them in one file. Delete the file, write to "
             "another path, or pass overwrite=True (--overwrite-log on the command line) to replace it"
         )
+
+    def _refuse_other_files(self) -> None:
+        # A file whose first line is no JSON object is not a log (a checkpoint, a table): neither appended to nor
+        # replaced, whatever ``overwrite`` says.
+        with self.path.open("rb") as stream:
+            first = stream.readline(1 << 20)
+        try:
+            is_log = isinstance(json.loads(first.decode("utf-8")), dict)
+        except (UnicodeDecodeError, ValueError):
+            is_log = False
+        if not is_log:
+            raise ValueError(
+                f"path={str(self.path)!r} holds something other than a JSON-lines log (its first line is not a JSON "
+                "object: a checkpoint, a table?), so it is neither appended to nor replaced; expected a log "
+                "file or a new path"
+            )
 
     def log(self, record: dict[str, Any]) -> None:
         stream = self._stream

@@ -72,8 +72,11 @@ def _adam(
     learning_rate: float, betas: Sequence[float], eps: float, weight_decay: float, decay: WeightDecay
 ) -> GradientTransformation:
     learning_rate, weight_decay = _rate_and_decay(learning_rate, weight_decay)
-    if not (isinstance(betas, Sequence) and len(betas) == 2):
-        raise TypeError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+    given = betas
+    if getattr(betas, "ndim", None) == 1 and hasattr(betas, "tolist"):  # a NumPy array or a tensor of two
+        betas = betas.tolist()
+    if not (isinstance(betas, Sequence) and not isinstance(betas, str) and len(betas) == 2):
+        raise TypeError(f"betas must be a pair (beta1, beta2), got {given!r}")
     b1, b2 = (
         real_number(f"betas[{index}]", beta, minimum=0.0, maximum=1.0, open_above=True)
         for index, beta in enumerate(betas)

@@ -23,6 +23,7 @@ only with `scale_warmup=True`.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from functools import partial
@@ -30,6 +31,7 @@ from typing import Any
 
 from torch import Tensor
 
+from composer_fn.core.algorithm import UnfitForTheRun
 from composer_fn.core.time import Time, TimeUnit, to_steps
 from composer_fn.core.validate import flag, integer
 from composer_fn.optim.arguments import real_number, step_time
@@ -174,6 +176,16 @@ class _Schedule:
             integer("max_steps", max_steps, minimum=0),
             real_number("scale_schedule_ratio", scale_schedule_ratio, minimum=0.0, open_below=True),
         )
+        if steps.warmup() > steps.max_steps:
+            warnings.warn(
+                UnfitForTheRun(
+                    f"{type(self).__name__}(t_warmup={steps.given('t_warmup')!r}) warms up over {steps.warmup()} steps, and "
+                    f"the whole run is {steps.max_steps}: the learning rate never reaches its peak; a warm-up of a "
+                    f"tenth of the run reaches it (t_warmup='0.1dur', {max(1, steps.max_steps // 10)} steps)",
+                    type(self).__name__,
+                ),
+                stacklevel=2,
+            )
         return self._multiplier(steps)
 
     def _multiplier(self, steps: _Steps) -> Multiplier:

@@ -55,6 +55,7 @@ from composer_fn.trainer.checks import check_algorithms_read
 from composer_fn.trainer.evaluation import due, evaluate_on, stopping
 from composer_fn.trainer.evaluator import Evaluator
 from composer_fn.trainer.feed import Feed
+from composer_fn.trainer.finite import LossWatch
 from composer_fn.trainer.first_batch import (
     SetUp,
     check_evaluators,
@@ -191,6 +192,7 @@ class Trainer(RunAttributes):
         self._batch: Any = None
         self._meta = BatchMeta(0)
         self._loss: Tensor | None = None
+        self._watch = LossWatch()
         self._norms: dict[str, Tensor] = {}
         self._measured: list[str] = []
         self._last_plan: tuple[Timestamp | None, BatchMeta | None, Plan | None] = (None, None, None)
@@ -329,6 +331,7 @@ class Trainer(RunAttributes):
             runs=not (self.algorithms or self._cut.auto or self.profiler),
         )
         self._reporter.start(self.max_steps, self.timestamp.batch)
+        self._watch = LossWatch()
         self._unchecked = True
         reply: Progress | Action | None = None
         if self.profiler is not None:
@@ -362,6 +365,7 @@ class Trainer(RunAttributes):
                 reply = run_of(what.count) if isinstance(what, Steps) else actions[what]()
         except StopIteration as end:
             self.timestamp = end.value  # where the schedule ended, past ticks it did not show
+            self._watch.check(f"the end of the run at step {self.timestamp.batch}")
         finally:
             first_step.close()
             self.no_effect = tuple(dict.fromkeys((*self.no_effect, *changing_nothing(self.algorithms, noted))))
@@ -448,6 +452,7 @@ class Trainer(RunAttributes):
                     raise distributed.explained(error, self.world, start.batch + done) from error
                 finally:
                     self._draws.leave(saved)
+                self._watch.add(start.batch + done + 1, outputs["loss"])
                 if bar:  # else the throughput is counted once, below
                     self._reporter.stepped(meta.batch_size)
                 done, samples, tokens = done + 1, samples + meta.batch_size, tokens + meta.tokens
@@ -456,7 +461,7 @@ class Trainer(RunAttributes):
             if 0 < done < count:
                 self.timestamp = start.advance(samples, tokens, seconds, done)
         if done > ran.batches:
-            self._took(outputs)
+            self._took(outputs, watched=True)
             if not bar:
                 self._reporter.stepped(samples - ran.samples)
         return Progress(samples, tokens, seconds, count)
@@ -521,9 +526,12 @@ class Trainer(RunAttributes):
         self.state, outputs = result
         self._took(outputs)
 
-    def _took(self, outputs: dict[str, Tensor]) -> None:
-        # What the loop keeps of a step's outputs: the loss, and the gradients' norms for the callbacks that read them.
+    def _took(self, outputs: dict[str, Tensor], watched: bool = False) -> None:
+        # What the loop keeps of a step's outputs: the loss (watched for NaN), and the gradients' norms for the
+        # callbacks that read them.
         self._loss = outputs["loss"]
+        if not watched:
+            self._watch.add(self.timestamp.batch + 1, outputs["loss"])
         if self._step_norms:
             self._norms = {name: value for name, value in outputs.items() if name.startswith("l2_norm/")}
 
@@ -533,6 +541,7 @@ class Trainer(RunAttributes):
 
     def _log_train(self) -> Action | None:
         step = self.timestamp.batch
+        self._watch.check(f"the log at step {step}")
         loss = float(self._loss) if self._loss is not None else float("nan")
         learning_rate = float(self.lr_multiplier(max(step - 1, 0)))
         record = self._reporter.train_record(step, self.timestamp.epoch, loss, learning_rate)
@@ -550,6 +559,7 @@ class Trainer(RunAttributes):
 
     def _evaluate_in_run(self) -> Action | None:
         # Stoppers check each evaluator that measured something at this evaluation (not those that were off).
+        self._watch.check(f"the evaluation at step {self.timestamp.batch}")
         self._evaluate()
         stop = None
         for label in self._measured:
@@ -645,6 +655,7 @@ class Trainer(RunAttributes):
 
     def _save(self) -> None:
         assert self.save_folder is not None
+        self._watch.check(f"the checkpoint at step {self.timestamp.batch}")
         options = self.options.checkpointing
         path = self._write(self.save_folder, None, options.weights_only, options.keep)
         if self.world.main:

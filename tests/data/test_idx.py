@@ -59,6 +59,10 @@ def test_gzip_is_recognised_by_its_magic_even_without_the_suffix(tmp_path: Path)
     write_idx(tmp_path / "a.gz", values)
     (tmp_path / "renamed").write_bytes((tmp_path / "a.gz").read_bytes())
     assert torch.equal(read_idx(tmp_path / "renamed"), values)
+    # And the other way: an unpacked file that kept its .gz name is read as it is.
+    write_idx(tmp_path / "raw", values)
+    (tmp_path / "unpacked-images-idx3-ubyte.gz").write_bytes((tmp_path / "raw").read_bytes())
+    assert torch.equal(read_idx(tmp_path / "unpacked-images-idx3-ubyte.gz"), values)
 
 
 def test_read_values_are_writable_and_fresh(tmp_path: Path) -> None:
@@ -88,7 +92,6 @@ PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x08\x00\x00\x00\x08\x08\
         ("rank-zero", bytes([0, 0, 8, 0]), "rank 0"),
         ("zero-dimension", bytes([0, 0, 8, 2, 0, 0, 0, 0, 0, 0, 0, 3]), "dimension of 0"),
         ("corrupt.gz", gzip.compress(_valid_bytes(), mtime=0)[:-12] + b"garbage!", "gzip"),
-        ("not-gzip.gz", _valid_bytes(), "gzip"),
     ],
 )
 def test_malformed_files_are_refused_naming_the_file_and_the_fault(
@@ -263,6 +266,10 @@ def test_load_dataset_dispatches_by_name_and_refuses_unknown_names(tmp_path: Pat
         load_dataset("svhn", tmp_path)
     with pytest.raises(ValueError, match="data-dir"):
         load_dataset("imagefolder")
+    # What only an image folder takes is refused for a data set read into memory, not ignored.
+    for argument, value in (("image_size", 16), ("batch_size", 0), ("num_workers", 2), ("seed", 3)):
+        with pytest.raises(ValueError, match=rf"^{argument}={value}: .mnist. is read into memory whole, .*TensorLoader"):
+            load_dataset("mnist", tmp_path, **{argument: value})
 
 
 def test_loading_does_not_touch_the_global_random_state(tmp_path: Path) -> None:

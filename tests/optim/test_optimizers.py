@@ -186,6 +186,19 @@ def test_adamw_matches_torch_adamw_every_step(case: str) -> None:
     assert_same_trajectory(run_ours(adamw(**hyper), params, grads), reference)
 
 
+@pytest.mark.parametrize("kind", ["ndarray", "tensor", "list"])
+def test_betas_as_an_array_of_two_train_as_the_pair_does_as_torch_takes_them(kind: str) -> None:
+    import numpy as np
+
+    given = {"ndarray": np.array([0.8, 0.95]), "tensor": torch.tensor([0.8, 0.95], dtype=torch.float64), "list": [0.8, 0.95]}[kind]
+    params, grads = make_params(), make_grads(5)
+    as_torch_takes = [0.8, 0.95] if kind == "tensor" else given  # torch's foreach AdamW refuses tensor betas
+    reference = run_torch(lambda ps: torch.optim.AdamW(ps, lr=0.01, betas=as_torch_takes, foreach=True), params, grads)
+    assert_same_trajectory(run_ours(adamw(0.01, betas=given), params, grads), reference)
+    with pytest.raises(TypeError, match=r"betas must be a pair \(beta1, beta2\), got array\(\[0.9\]\)"):
+        adamw(0.01, betas=np.array([0.9]))
+
+
 def test_adamw_matches_torch_for_fifty_steps() -> None:
     """Fifty steps agree to rounding in float64, and our float32 run stays within 1e-6 of that trajectory.
 

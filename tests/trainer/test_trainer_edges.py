@@ -18,9 +18,9 @@ from torch import nn
 
 from composer_fn import Trainer, optim
 from composer_fn import random as R
-from composer_fn.algorithms import SWA, EarlyStopper, GhostBatchNorm, LayerFreezing, ThresholdStopper
+from composer_fn.algorithms import EMA, SWA, EarlyStopper, GhostBatchNorm, LayerFreezing, ThresholdStopper
 from composer_fn.callbacks import NaNMonitor, RuntimeEstimator, SpeedMonitor
-from composer_fn.core.algorithm import Algorithm, ChangesNothing, HostHook
+from composer_fn.core.algorithm import Algorithm, ChangesNothing, HostHook, UnfitForTheRun
 from composer_fn.core.event import Event
 from composer_fn.data import TensorLoader
 from composer_fn.models import MLP
@@ -449,6 +449,53 @@ def test_an_algorithm_that_changes_nothing_is_named_in_no_effect() -> None:
         assert _trainer(algorithms=[inert]).no_effect == ("mixup",)
 
 
+def test_emas_default_half_life_on_a_short_run_is_named_before_the_first_step_with_one_that_acts() -> None:
+    # 20 steps: the default half-life of 1000 batches leaves the first weights 99% of the average at the end.
+    with pytest.warns(UnfitForTheRun, match=r"EMA\(half_life='1000ba'\) averages over 20 steps .* still hold 99% .*half_life='2ba'"):
+        trainer = _trainer(algorithms=[EMA()], max_duration="20ba")
+    assert trainer.state.step == 0  # said when the Trainer is built
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _trainer(algorithms=[EMA(half_life="2ba")], max_duration="20ba")  # the value the message names
+        _trainer(algorithms=[EMA(half_life="5ba")], max_duration="20ba")  # a quarter of the run
+        _trainer(algorithms=[EMA(half_life="1000ba")], max_duration="8000ba")
+    # In epochs, and from a later start: the span is what is left after ema_start.
+    with pytest.warns(UnfitForTheRun, match=r"EMA\(half_life='1ep'\) averages over 4 steps .* 25% .*half_life='1ba' leaves them 6.2%"):
+        _trainer(algorithms=[EMA(half_life="1ep", ema_start="0.5dur")], max_duration="4ep")
+    with pytest.warns(UnfitForTheRun, match=r"EMA\(smoothing=0.999\)"):
+        _trainer(algorithms=[EMA(half_life=None, smoothing=0.999)], max_duration="20ba")
+    with pytest.warns(ChangesNothing, match=r"EMA\(ema_start='30ba'\) starts at step 30, and the whole run is 20: it never"):
+        trainer = _trainer(algorithms=[EMA(ema_start="30ba")], max_duration="20ba")
+    assert trainer.no_effect == ("ema",)
+
+
+def test_a_threshold_only_a_perfect_score_reaches_is_named_with_one_inside_the_range() -> None:
+    evaluation = {"eval_dataloader": _loader(), "max_duration": "4ba"}
+    with pytest.warns(UnfitForTheRun, match=r"ThresholdStopper\(threshold=1.0\): 'eval/eval/accuracy' reaches 1 only at .*threshold=0.99\)"):
+        _trainer(algorithms=[ThresholdStopper()], **evaluation)
+    with pytest.warns(UnfitForTheRun, match=r"'loss' reaches 0 only at its bound .* a threshold above 0, the value aimed for"):
+        _trainer(algorithms=[ThresholdStopper("loss", dataloader_label="train", threshold=0.0)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _trainer(algorithms=[ThresholdStopper(threshold=0.99)], **evaluation)
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        optim.LinearWithWarmupScheduler(t_warmup="30ba", t_max="100ba"),
+        optim.MultiStepWithWarmupScheduler(t_warmup="2ep", milestones=["1ep"]),
+    ],
+    ids=["linear", "multistep"],
+)
+def test_a_warm_up_longer_than_the_run_is_named_with_one_that_ends_inside_it(schedule: Any) -> None:
+    with pytest.warns(UnfitForTheRun, match=r"WithWarmupScheduler\(t_warmup='(30ba|2ep)'\) warms up over (30|4) steps, and the whole run is 2: .*t_warmup='0.1dur'"):
+        _trainer(schedule=schedule)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _trainer(schedule=optim.LinearWithWarmupScheduler(t_warmup="0.1dur"), max_duration="20ba")
+
+
 @pytest.mark.parametrize(
     ("algorithm", "name", "message"),
     [
@@ -549,3 +596,39 @@ def test_an_optimizer_chained_after_clipping_keeps_its_rate_for_monitors_and_its
 def test_a_model_that_cannot_take_the_training_batch_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match=r"the model fails on train_dataloader's first batch \(inputs of shape \(1, 6\).*Linear, takes 5 features once flattened"):
         _trainer(MLP(5, 2)).fit()
+
+
+@pytest.mark.parametrize("algorithms", [[], [EMA(half_life="1ba")]], ids=["run-of-steps", "step-by-step"])
+def test_a_loss_that_is_not_finite_stops_the_run_naming_its_first_step_before_any_checkpoint_of_it(
+    tmp_path: Path, algorithms: list[Any]
+) -> None:
+    # Rows 24.. hold an infinity: batches of 8, so step 4 (of 6) is the first to read one; checked only at the end.
+    images, labels = R.normal(R.key(4), (48, 6)), R.randint(R.key(5), 0, 2, (48,))
+    images[24:, 0] = float("inf")
+    loader = TensorLoader((images, labels), 8, shuffle=False)
+    with pytest.raises(FloatingPointError, match=r"^step 4: the loss is NaN or infinite \(found before the log at step 6\)"):
+        _trainer(loader=loader, max_duration="6ba", algorithms=algorithms, log_interval="10ba").fit()
+    # With checkpoints every 2 steps: found before the one at step 4, which is never written.
+    folder = tmp_path / "run"
+    with pytest.raises(FloatingPointError, match=r"^step 4: .* \(found before the checkpoint at step 4\)"):
+        _trainer(loader=loader, max_duration="6ba", algorithms=algorithms, save_folder=str(folder), save_interval="2ba").fit()
+    assert sorted(path.name for path in folder.glob("*.pt")) == ["ep0-ba2.pt", "latest.pt"]
+    # All NaN: the first step, at its log step.
+    nan = TensorLoader((torch.full((16, 6), float("nan")), labels[:16]), 8, shuffle=False)
+    with pytest.raises(FloatingPointError, match=r"^step 1: .* \(found before the log at step 1\)"):
+        _trainer(loader=nan, max_duration="2ba", algorithms=algorithms, log_interval="1ba").fit()
+    # Finite inputs train as before.
+    _trainer(loader=TensorLoader((images[:24], labels[:24]), 8, shuffle=False), max_duration="6ba", algorithms=algorithms).fit()
+
+
+def test_the_loss_watch_folds_long_runs_and_names_the_first_bad_step() -> None:
+    from composer_fn.trainer.finite import LossWatch
+
+    watch = LossWatch()
+    for step in range(1, 1001):
+        watch.add(step, torch.tensor(float("nan") if step in (700, 900) else 1.0))
+    assert watch.first_bad() == 700
+    clean = LossWatch()
+    for step in range(1, 600):
+        clean.add(step, torch.tensor(0.5))
+    assert clean.first_bad() is None
