@@ -169,16 +169,45 @@ def test_a_trained_checkpoint_exports_and_predicts_from_the_command_line(capsys,
     assert sorted(path.name for path in folder.glob("*.pt")) == ["ep0-ba4.pt", "ep0-ba8.pt", "latest.pt"]
     assert main(["export", str(folder / "latest.pt"), "--format", "pt2", "--output", str(tmp_path / "m.pt2")]) == 0
     out = capsys.readouterr().out
-    assert "on 64 held-out images of digits" in out and (tmp_path / "m.pt2").is_file()
+    assert "on 101 held-out images of digits, in batches of 64 and 37" in out and (tmp_path / "m.pt2").is_file()
     predictions = tmp_path / "predictions.csv"
     assert main(["predict", str(folder / "latest.pt"), "--output", str(predictions)]) == 0
     printed = capsys.readouterr().out
     rows = predictions.read_text().splitlines()
-    assert rows[0] == "index,label,prediction,probability" and len(rows) == 361
+    assert rows[0] == "index,label,prediction,probability,label_name,prediction_name" and len(rows) == 361
     # The accuracy it prints is the one the run's final evaluation measured.
     accuracy = printed.split("accuracy ")[1].rstrip(")\n")
     correct = sum(row.split(",")[1] == row.split(",")[2] for row in rows[1:])
     assert accuracy == f"{correct / 360:.2%}"
+    # The exported program takes images in [0, 1], as a user has them, and predicts what predict wrote; the card
+    # beside it says so and names the classes.
+    import json
+
+    import torch
+
+    from composer_fn.data import load_digits_task
+    from composer_fn.export import run_exported
+
+    card = json.loads((tmp_path / "m.pt2.json").read_text())
+    assert card["input"].startswith("images: float32 ['N', 1, 8, 8] in [0, 1]") and card["standardised_inside"]
+    assert card["classes"] == list("0123456789") and card["output"].startswith("logits: float32 [N, 10]")
+    raw = load_digits_task(standardize=False)
+    assert card["mean"] == [pytest.approx(raw.mean[0])] and card["std"] == [pytest.approx(raw.std[0])]
+    logits = run_exported(tmp_path / "m.pt2", "pt2", raw.heldout[0])
+    assert logits.argmax(dim=1).tolist() == [int(row.split(",")[2]) for row in rows[1:]]
+    # --inputs standardized: the model as it is, on images standardised as in training.
+    assert main(["export", str(folder / "latest.pt"), "--format", "pt2", "--inputs", "standardized", "--output", str(tmp_path / "s.pt2")]) == 0
+    capsys.readouterr()
+    standardised = load_digits_task().heldout[0]
+    torch.testing.assert_close(run_exported(tmp_path / "s.pt2", "pt2", standardised), logits, rtol=0, atol=1e-4)
+    assert not json.loads((tmp_path / "s.pt2.json").read_text())["standardised_inside"]
+    # In Python: the model rebuilt from the checkpoint's record, as the command line rebuilds it.
+    from composer_fn.app.cli import load_trained
+
+    model, record = load_trained(folder / "latest.pt")
+    assert record["model"] == "small_cnn" and record["classes"] == list("0123456789") and not model.training
+    with torch.no_grad():
+        torch.testing.assert_close(model(standardised), logits, rtol=0, atol=1e-4)
     # An output that is the command's input is refused in one line, and the checkpoint is kept as it was.
     checkpoint = str(folder / "latest.pt")
     before = (folder / "latest.pt").read_bytes()
@@ -190,6 +219,12 @@ def test_a_trained_checkpoint_exports_and_predicts_from_the_command_line(capsys,
         assert main(argv) == 2
         err = capsys.readouterr().err.splitlines()
         assert len(err) == 1 and f"--output={checkpoint!r} is the checkpoint this command reads" in err[0], argv
+    # An output that cannot be written is named by its flag and path, before any work.
+    inside_a_file = str(tmp_path / "m.pt2" / "out")
+    for argv in (["predict", checkpoint, "--output", inside_a_file], ["export", checkpoint, "--output", inside_a_file]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and f"--output={inside_a_file!r} cannot be written" in err[0] and ".tmp" not in err[0], argv
     # A log file that is a checkpoint is neither appended to nor replaced, even told to overwrite.
     for overwrite in ([], ["--overwrite-log"]):
         assert main(["train", "--max-duration", "1ba", "--no-progress", "--log-file", checkpoint, *overwrite]) == 2
@@ -243,11 +278,24 @@ def test_an_image_folder_trains_exports_and_predicts_from_the_command_line(capsy
     assert "data imagefolder | model small_cnn" in capsys.readouterr().out
     assert main(["export", str(run / "latest.pt"), "--format", "torchscript", "--data-dir", str(tmp_path / "photos")]) == 0
     assert "held-out images of imagefolder" in capsys.readouterr().out
+    # Without its folder, an image folder's checkpoint exports, checked on keyed random images of its shape.
+    assert main(["export", str(run / "latest.pt"), "--format", "torchscript", "--output", str(tmp_path / "nofolder.ts")]) == 0
+    assert "13 keyed random images in batches of 8 and 5 (the data was not found: no --data-dir" in capsys.readouterr().out
     output = tmp_path / "train.csv"
     assert main(["predict", str(run / "latest.pt"), *data, "--split", "train", "--output", str(output)]) == 0
     rows = output.read_text().splitlines()
     # Every training image once, in the folder's order: 24 of the 30 (every fifth is held out).
     assert len(rows) == 25 and [row.split(",")[0] for row in rows[1:]] == [str(i) for i in range(24)]
+    assert {row.split(",")[4] for row in rows[1:]} == {"cat", "dog", "owl"}
+    # A folder of other classes (as many) is refused, not scored across two label sets.
+    import shutil
+
+    shutil.copytree(tmp_path / "photos", tmp_path / "zoo")
+    (tmp_path / "zoo" / "owl").rename(tmp_path / "zoo" / "emu")
+    other = ["--data", "imagefolder", "--data-dir", str(tmp_path / "zoo")]
+    assert main(["predict", str(run / "latest.pt"), *other, "--output", str(tmp_path / "zoo.csv")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "names its classes otherwise than the checkpoint's run did (label: checkpoint / data: 2: 'owl' / 'emu'" in err[0]
 
 
 def test_model_kwargs_reach_the_constructor_and_the_checkpoint_rebuilds_them(capsys, tmp_path) -> None:
@@ -408,3 +456,63 @@ def test_a_batch_that_the_processes_do_not_divide_is_refused_before_any_process_
     assert err == ["composer-fn: --batch-size=64 must be a multiple of --nproc=3 (the global batch is split evenly over the processes); expected e.g. --batch-size=63"]
     assert main(["train", "--task", "digits", "--nproc", "5", "--max-duration", "1ba"]) == 2
     assert "the default batch of " in capsys.readouterr().err
+
+
+def test_a_missing_extra_is_one_line_with_the_command_that_installs_it(capsys, monkeypatch, tmp_path: Path) -> None:
+    import builtins
+
+    import tomllib
+
+    from composer_fn.core.extras import EXTRAS, install_command
+    from composer_fn.models import hf_lm
+
+    declared = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(EXTRAS) == set(declared)
+    real_import = builtins.__import__
+
+    def without_transformers(name: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if name == "transformers":
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(builtins, "__import__", without_transformers)
+        with pytest.raises(ModuleNotFoundError) as missing:
+            hf_lm._transformers()
+    assert str(missing.value) == f"language models need transformers: {install_command('hf')}"
+    assert "pip install -e '.[hf]'" in str(missing.value)
+
+    def absent() -> None:
+        raise missing.value
+
+    # The command line says it in one line, before any training.
+    monkeypatch.setattr(hf_lm, "_transformers", absent)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for index in range(12):
+        (corpus / f"doc{index}.txt").write_text(f"document {index} says hello world " * 40)
+    assert main(["train", "--data", f"hf:{corpus}", "--max-duration", "1ba", "--no-progress"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"composer-fn: {missing.value}"]
+
+
+def test_a_setting_of_an_optimizer_or_schedule_argument_changes_the_defaults_not_replaces_them(capsys, tmp_path: Path) -> None:
+    common = ["train", "--task", "digits-mlp", "--max-duration", "3ba", "--no-progress", "--threads", "1"]
+
+    def held_out() -> str:
+        return next(line for line in capsys.readouterr().out.splitlines() if "held-out" in line)
+
+    # The task's optimizer (SGD, 0.1, Nesterov momentum 0.9, decay 5e-4) with momentum 0.5, written out in full.
+    file = tmp_path / "r.toml"
+    file.write_text(
+        '[optimizer]\nname = "sgd"\nlearning_rate = 0.1\nmomentum = 0.5\nnesterov = true\nweight_decay = 5e-4\n'
+        '[schedule]\nname = "cosine_warmup"\nt_warmup = "0.3dur"\n'
+    )
+    assert main([*common, "--config", str(file)]) == 0
+    written = held_out()
+    assert main([*common, "--set", "optimizer.momentum=0.5", "--set", "schedule.t_warmup=0.3dur"]) == 0
+    assert held_out() == written
+    # A named optimizer stands alone and takes the task's learning rate when it gives none.
+    assert main([*common, "--set", "optimizer.name=adamw"]) == 0
+    named = held_out()
+    assert main([*common, "--optimizer", "adamw"]) == 0
+    assert held_out() == named != written

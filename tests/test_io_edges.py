@@ -354,3 +354,19 @@ def test_numpy_numbers_in_a_record_are_shown_not_dropped(tmp_path: Path) -> None
     events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
     events.Reload()
     assert {"eval/eval/accuracy", "eval/eval/loss"} <= set(events.Tags()["scalars"])
+
+
+def test_report_names_records_it_cannot_draw_rather_than_dropping_them_without_a_word(tmp_path: Path, capsys) -> None:
+    log = tmp_path / "log.jsonl"
+    log.write_text(
+        '{"kind": "train", "step": 1, "loss": 1.0}\n'
+        '{"kind": "train", "loss": 0.9}\n'
+        '{"kind": "train", "step": "3", "loss": 0.8}\n'
+        '{"kind": "train", "step": 4, "loss": "0.7"}\n'
+        '{"kind": "train", "step": 5, "loss": 0.6}\n'
+        '{"kind": "eval", "step": 5, "eval/eval/accuracy": 0.5}\n'
+    )
+    assert main(["report", str(log), "--output", str(tmp_path / "r.png")]) == 0
+    err = capsys.readouterr().err
+    assert "2 training or evaluation record(s) have no numeric step (line 2, 3); they are left out" in err
+    assert "1 of its train records hold loss as something other than a number (e.g. '0.7')" in err

@@ -6,6 +6,7 @@ draw a run's log as a ``report``, or list the ``algorithms`` and their hyperpara
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -27,9 +28,19 @@ if TYPE_CHECKING:
 
     from composer_fn.core.algorithm import Algorithm
 
-__all__ = ["main", "TASKS", "ALGORITHMS"]
+__all__ = ["main", "load_trained", "TASKS", "ALGORITHMS"]
 
 _T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a run's model takes: images in ``[0, 1]`` standardised per channel with ``mean`` and ``std`` (None: as
+    they are), for the classes ``classes`` names in label order."""
+
+    mean: tuple[float, ...] | None
+    std: tuple[float, ...] | None
+    classes: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,8 @@ class Task:
     """The model's name (``composer_fn.models.zoo``)."""
     batch_size: int
     learning_rate: float
+    inputs: Callable[[], Inputs] | None = None
+    """The standardisation of its images in ``[0, 1]`` and its class names; None: inputs that are not images."""
 
 
 # Torch and the package's modules load inside the functions that need them, so that ``--help`` answers at once.
@@ -53,6 +66,13 @@ def _digits_data(
 
     task = load_digits_task(standardize=not unit_range)
     return task.train, task.heldout
+
+
+def _digits_inputs() -> Inputs:
+    from composer_fn.data import load_digits_task
+
+    task = load_digits_task(standardize=False)
+    return Inputs(task.mean, task.std, task.classes)
 
 
 def _synthetic_data(
@@ -105,8 +125,8 @@ _DIGITS = "scikit-learn's bundled 8x8 handwritten digits (1437 train / 360 held 
 _SYNTHETIC = "a keyed synthetic 10-class 3x16x16 image task, a small CNN"
 TASKS: dict[str, Task] = {
     # name: Task(description, data, model, batch size, learning rate)
-    "digits": Task(_DIGITS, _digits_data, "small_cnn", 64, 0.1),
-    "digits-mlp": Task("the same digits with an MLP", _digits_data, "mlp", 64, 0.1),
+    "digits": Task(_DIGITS, _digits_data, "small_cnn", 64, 0.1, _digits_inputs),
+    "digits-mlp": Task("the same digits with an MLP", _digits_data, "mlp", 64, 0.1, _digits_inputs),
     "synthetic": Task(_SYNTHETIC, _synthetic_data, "small_cnn", 128, 0.05),
 }
 
@@ -126,6 +146,7 @@ class Prepared:
     learning_rate: float
     unit_range: bool
     corpus: Any = None
+    inputs: Inputs | None = None
 
 
 def _is_text(name: str | None) -> bool:
@@ -186,6 +207,8 @@ def _prepare(args: argparse.Namespace, unit_range: bool, world_size: int = 1) ->
             TensorLoader(heldout, 512, shuffle=False),
         )
         num_classes = 10
+        task = TASKS[name]
+        inputs = task.inputs() if task.inputs is not None else Inputs(None, None, tuple(map(str, range(num_classes))))
     else:
         from composer_fn.data import ImageTask, load_dataset
 
@@ -200,6 +223,7 @@ def _prepare(args: argparse.Namespace, unit_range: bool, world_size: int = 1) ->
             seed=args.seed if folder else None,
         )
         shape, num_classes = tuple(data.image_shape), data.num_classes
+        inputs = Inputs(tuple(data.mean), tuple(data.std), tuple(data.classes))
         if isinstance(data, ImageTask):
             loaders = (
                 TensorLoader(data.train, rank_batch, shuffle=True, seed=args.seed),
@@ -207,7 +231,7 @@ def _prepare(args: argparse.Namespace, unit_range: bool, world_size: int = 1) ->
             )
         else:
             loaders = (data.train, data.heldout)
-    return Prepared(name, *loaders, shape, num_classes, model, batch_size, learning_rate, unit_range)  # type: ignore[arg-type]
+    return Prepared(name, *loaders, shape, num_classes, model, batch_size, learning_rate, unit_range, inputs=inputs)  # type: ignore[arg-type]
 
 
 def _prepare_text(
@@ -600,6 +624,13 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     )
     export.add_argument("--output", type=_FILE, default=None, help="the file to write (default: by the checkpoint)")
     export.add_argument("--data-dir", type=_DIRECTORY, default=None, help="where the run's data is (for the check batch; its usual place if omitted)")
+    export.add_argument(
+        "--inputs",
+        default="unit",
+        choices=("unit", "standardized"),
+        help="what an image model's program takes: unit, images in [0, 1] (pixels / 255) that it standardises "
+        "itself as the run did; standardized, images already standardised (the model as it is); default %(default)s",
+    )
     convert = commands.add_parser(
         "convert", help="write a checkpoint (a sharded run's folder included) as one checkpoint file, or its weights as safetensors"
     )
@@ -876,6 +907,7 @@ def _metadata(data: Prepared, model: str, options: dict[str, object]) -> dict[st
             "text_column": corpus.text_column,
             "tokenizer": tokenizer_json(corpus.tokenizer),
         }
+    inputs = data.inputs
     return {
         "data": data.name,
         "model": model,
@@ -883,16 +915,34 @@ def _metadata(data: Prepared, model: str, options: dict[str, object]) -> dict[st
         "image_shape": list(data.sample_shape),
         "num_classes": data.num_classes,
         "unit_range": data.unit_range,
+        # Images in [0, 1] reach the model as (x - input_mean) / input_std (none: as they are).
+        "input_mean": list(inputs.mean) if inputs is not None and inputs.mean is not None and not data.unit_range else None,
+        "input_std": list(inputs.std) if inputs is not None and inputs.std is not None and not data.unit_range else None,
+        "classes": list(inputs.classes) if inputs is not None else None,
     }
 
 
 def _trained(args: argparse.Namespace) -> tuple[nn.Module, dict[str, Any]]:
-    """Returns the trained model of ``args.checkpoint`` (surgeries replayed, evaluation weights) and its metadata."""
+    return load_trained(args.checkpoint)
+
+
+def load_trained(checkpoint: str | os.PathLike[str]) -> tuple[nn.Module, dict[str, Any]]:
+    """Returns the trained model of a checkpoint that ``composer-fn train`` wrote, in eval mode (its surgeries replayed,
+    the weights evaluation used), and the checkpoint's record of the run (``checkpoint_metadata``): its data, model and
+    options, image shape and classes, and how its images were standardised (``input_mean``, ``input_std``; a language
+    model's: its tokenizer as JSON, ``sequence_length``, ``vocab_size``).
+
+    The model is rebuilt from that record (``composer_fn.models.zoo.build_model``, or a ``transformers`` causal
+    language model) and loaded with ``composer_fn.load_model``. A checkpoint of a Python ``Trainer`` records no model:
+    rebuild the architecture and call ``load_model(checkpoint, model)``.
+    """
     from composer_fn.models.zoo import build_model
     from composer_fn.trainer import load_model
     from composer_fn.trainer.checkpoint import checkpoint_metadata
 
-    metadata = checkpoint_metadata(args.checkpoint)
+    if isinstance(checkpoint, os.PathLike):
+        checkpoint = Path(checkpoint)
+    metadata = checkpoint_metadata(checkpoint)
     if "sequence_length" in metadata:
         from composer_fn.models.hf_lm import build_causal_lm
 
@@ -903,23 +953,24 @@ def _trained(args: argparse.Namespace) -> tuple[nn.Module, dict[str, Any]]:
             options=metadata.get("model_kwargs") or {},
             end_of_text=metadata.get("end_of_text"),
         )
-        return load_model(args.checkpoint, language_model), metadata
+        return load_model(checkpoint, language_model), metadata
     needed = ("data", "model", "image_shape", "num_classes")
     if not all(key in metadata for key in needed):
         raise ValueError(
-            f"checkpoint={str(args.checkpoint)!r} does not record its model and data (written by an older version, or "
+            f"checkpoint={str(checkpoint)!r} does not record its model and data (written by an older version, or "
             "by a Trainer without save_metadata); rebuild the architecture and call composer_fn.load_model(checkpoint, model)"
         )
     shape = tuple(int(d) for d in metadata["image_shape"])
     architecture = build_model(
         metadata["model"], shape, int(metadata["num_classes"]), options=metadata.get("model_kwargs") or {}  # type: ignore[arg-type]
     )
-    return load_model(args.checkpoint, architecture), metadata
+    return load_model(checkpoint, architecture), metadata
 
 
-def _recorded_data(args: argparse.Namespace, metadata: dict[str, Any]) -> Prepared:
-    """Returns the data a checkpoint's run trained on (or ``--data``/``--task``), read as that run read it; its
-    training loader takes one sample a batch (any folder fills one), and only serves ``_in_order``."""
+def _recorded_data(args: argparse.Namespace, metadata: dict[str, Any], unit_range: bool | None = None) -> Prepared:
+    """Returns the data a checkpoint's run trained on (or ``--data``/``--task``), read as that run read it (its
+    images in [0, 1] with ``unit_range``); its training loader takes one sample a batch (any folder fills one),
+    and only serves ``_in_order``."""
     recorded = metadata["data"]
     given_data, given_task = getattr(args, "data", None), getattr(args, "task", None)
     if given_data is None and given_task is None:
@@ -959,7 +1010,7 @@ def _recorded_data(args: argparse.Namespace, metadata: dict[str, Any]) -> Prepar
         batch_size=1,
         seed=0,
     )
-    return _prepare(view, bool(metadata.get("unit_range", False)))
+    return _prepare(view, bool(metadata.get("unit_range", False)) if unit_range is None else unit_range)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -969,27 +1020,111 @@ def _export(args: argparse.Namespace) -> int:
     from composer_fn.export import SUFFIXES, export_model
 
     model, metadata = _trained(args)
-    if "sequence_length" in metadata:
+    text = "sequence_length" in metadata
+    if text:
         model = _logits_of_ids(model)
+    # By default an image model's program takes images in [0, 1] (pixels / 255) and standardises them itself.
+    unit = not text and args.inputs == "unit"
     try:
-        data = _recorded_data(args, metadata)
+        if metadata.get("data") == "imagefolder" and args.data_dir is None and getattr(args, "data", None) is None:
+            raise FileNotFoundError("no --data-dir names the image folder")
+        data = _recorded_data(args, metadata, unit_range=True if unit else None)
         if data.corpus is not None:
-            inputs = next(iter(data.heldout))["input_ids"][:8]
-            where = f"{len(inputs)} held-out rows of {data.name}"
+            rows = next(iter(data.heldout))["input_ids"]
+            inputs, more = rows[:8], [rows[8:13]] if len(rows) > 8 else []
+            where = f"{len(rows[:13])} held-out rows of {data.name}, in batches of 8 and {len(rows[8:13])}"
         else:
-            inputs = next(iter(data.heldout))[0][:64]
-            where = f"{len(inputs)} held-out images of {data.name}"
+            images = next(iter(data.heldout))[0]
+            inputs, more = images[:64], [images[64:101]] if len(images) > 64 else []
+            where = f"{len(images[:101])} held-out images of {data.name}, in batches of {len(inputs)}" + (
+                f" and {len(more[0])}" if more else ""
+            )
     except FileNotFoundError as error:
-        if "sequence_length" in metadata:
+        if text:
             raise
+        data = None
         shape = tuple(int(d) for d in metadata["image_shape"])
-        inputs = R.normal(R.key(0), (8, *shape)).to(torch.float32)
-        where = f"8 keyed random images (the data was not found: {str(error).splitlines()[0]})"
+        draw = R.uniform if unit else R.normal
+        inputs, more = draw(R.key(0), (8, *shape)).to(torch.float32), [draw(R.key(1), (5, *shape)).to(torch.float32)]
+        where = f"13 keyed random images in batches of 8 and 5 (the data was not found: {str(error).splitlines()[0]})"
+    standardization = _standardization(metadata, data) if unit else None
+    if standardization is not None:
+        from composer_fn.export import Standardized
+
+        model = Standardized(model, *standardization)
     output = args.output or _beside(args.checkpoint).with_suffix(SUFFIXES[args.format])
     _refuse_an_input(output, "--output", checkpoint=args.checkpoint)
-    check = export_model(model, inputs, output, format=args.format)
+    _writable(Path(output), "--output")
+    check = export_model(model, inputs, output, format=args.format, check_batches=more)
+    about = _write_export_card(check.path, args, metadata, data, standardization, inputs)
     print(f"wrote {check.path} ({args.format}); on {where} its outputs differ from the module's by at most {check.max_difference:.3g}")
+    if check.specialised:
+        print(f"the trace is specialised to the check batches' shapes where the model's code reads them: {check.specialised[0]}")
+    print(f"wrote {about}: {json.loads(about.read_text())['input']}")
     return 0
+
+
+def _standardization(metadata: dict[str, Any], data: Prepared | None) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """Returns the ``(mean, std)`` that standardised the run's images in [0, 1] (None: the model took them as they
+    are): the checkpoint's record, else (an older checkpoint) the statistics of the data read again."""
+    if metadata.get("unit_range"):
+        return None
+    if "input_mean" in metadata:
+        mean, std = metadata["input_mean"], metadata["input_std"]
+        return None if mean is None else (tuple(map(float, mean)), tuple(map(float, std)))
+    if data is None or data.inputs is None:
+        raise ValueError(
+            "the checkpoint does not record how its images were standardised, and its data was not found to measure "
+            "it; give --data-dir, or --inputs standardized to export the model as it is"
+        )
+    if data.inputs.mean is None or data.inputs.std is None:  # data without pixels (the synthetic task)
+        return None
+    return data.inputs.mean, data.inputs.std
+
+
+def _write_export_card(
+    path: Path,
+    args: argparse.Namespace,
+    metadata: dict[str, Any],
+    data: Prepared | None,
+    standardization: tuple[tuple[float, ...], tuple[float, ...]] | None,
+    example: Any,
+) -> Path:
+    """Writes ``<export>.json`` beside the exported program, atomically: what it takes and returns, and the names of
+    its classes."""
+    shape = ["N", *[int(d) for d in example.shape[1:]]]
+    if "sequence_length" in metadata:
+        card: dict[str, Any] = {
+            "input": f"input_ids: int64 {shape} token ids of the run's tokenizer (recorded in the checkpoint)",
+            "output": f"logits: float32 [N, {shape[1]}, {metadata['vocab_size']}] next-token logits",
+        }
+    else:
+        classes = metadata.get("classes") or (list(data.inputs.classes) if data is not None and data.inputs is not None else None)
+        if standardization is not None:
+            described = (
+                f"images: float32 {shape} in [0, 1] (pixels / 255); the program standardises them per channel with the "
+                "run's mean and std"
+            )
+        elif metadata.get("unit_range"):
+            described = f"images: float32 {shape} in [0, 1] (pixels / 255), as the run's model took them"
+        elif args.inputs == "standardized":
+            described = f"images: float32 {shape} standardised as in training: (x - mean) / std, x in [0, 1]"
+        else:
+            described = f"inputs: float32 {shape} as the run's model took them (its data has no pixels to standardise)"
+        card = {
+            "input": described,
+            "mean": list(standardization[0]) if standardization is not None else metadata.get("input_mean"),
+            "std": list(standardization[1]) if standardization is not None else metadata.get("input_std"),
+            "standardised_inside": standardization is not None,
+            "output": f"logits: float32 [N, {metadata['num_classes']}], one per class in the order of classes",
+            "classes": classes,
+        }
+    card = {"format": args.format, "program": path.name, **card, "checkpoint": str(args.checkpoint), "data": metadata.get("data")}
+    about = path.with_name(path.name + ".json")
+    temporary = about.with_name(f".{about.name}.tmp")
+    temporary.write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
+    temporary.replace(about)
+    return about
 
 
 def _logits_of_ids(model: nn.Module) -> nn.Module:
@@ -1006,6 +1141,22 @@ def _logits_of_ids(model: nn.Module) -> nn.Module:
             return self.language_model(input_ids=input_ids).logits  # type: ignore[no-any-return]
 
     return Logits(model).eval()
+
+
+def _writable(output: Path, flag: str) -> None:
+    """Raises ValueError naming ``flag`` and ``output`` when the file cannot be written there (its folder cannot be
+    made, or a file cannot be created in it), before any work that would end in writing it."""
+    if "://" in str(output):  # a bucket: checked by its store when written
+        return
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        if output.is_dir():
+            raise IsADirectoryError(21, "it is a folder")
+        probe = output.with_name(f".{output.name}.probe")
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        raise ValueError(f"{flag}={str(output)!r} cannot be written ({error.strerror or error}); expected a file path in a writable folder") from None
 
 
 def _refuse_an_input(output: Path | str, flag: str, **inputs: Any) -> None:
@@ -1037,6 +1188,7 @@ def _convert(args: argparse.Namespace) -> int:
     from composer_fn.trainer.checkpoint import convert_checkpoint
 
     _refuse_an_input(args.output, "--output", checkpoint=args.checkpoint)
+    _writable(Path(args.output), "--output")
     written = convert_checkpoint(args.checkpoint, args.output, format=args.format)
     print(f"wrote {written} ({args.format}) from {args.checkpoint}")
     return 0
@@ -1061,22 +1213,31 @@ def _predict(args: argparse.Namespace) -> int:
             f"--data {data.name} has {data.num_classes} classes of {tuple(data.sample_shape)} images; the checkpoint's model "
             f"takes {tuple(metadata['image_shape'])} images of {metadata['num_classes']} classes"
         )
+    recorded = metadata.get("classes")
+    classes = list(data.inputs.classes) if data.inputs is not None else [str(i) for i in range(data.num_classes)]
+    if recorded is not None and list(recorded) != classes:
+        differ = [f"{i}: {a!r} / {b!r}" for i, (a, b) in enumerate(zip(recorded, classes, strict=True)) if a != b]
+        raise ValueError(
+            f"--data {data.name} names its classes otherwise than the checkpoint's run did (label: checkpoint / data: "
+            f"{', '.join(differ[:5])}{', ...' if len(differ) > 5 else ''}), so its labels mean other classes; expected "
+            "the data the run trained on, or a folder with the same class names"
+        )
     loader = data.heldout if args.split == "heldout" else _in_order(data.train, args.batch_size)
     source = _beside(args.checkpoint)
     output = args.output or source.with_name(f"{source.stem}-{data.name}-{args.split}.csv")
     _refuse_an_input(output, "--output", checkpoint=args.checkpoint, data_dir=args.data_dir)
-    output.parent.mkdir(parents=True, exist_ok=True)
+    _writable(output, "--output")
     temporary = output.with_name(f".{output.name}.tmp")
     correct = total = 0
     device = next(model.parameters()).device
     with temporary.open("w", newline="") as stream, torch.no_grad():
         writer = csv.writer(stream)
-        writer.writerow(["index", "label", "prediction", "probability"])
+        writer.writerow(["index", "label", "prediction", "probability", "label_name", "prediction_name"])
         for images, labels in loader:
             probabilities = torch.softmax(model(images.to(device)).float(), dim=1).cpu()
             confidence, predicted = probabilities.max(dim=1)
             for row in zip(range(total, total + len(labels)), labels.tolist(), predicted.tolist(), confidence.tolist(), strict=True):
-                writer.writerow([*row[:3], f"{row[3]:.6f}"])
+                writer.writerow([*row[:3], f"{row[3]:.6f}", classes[row[1]], classes[row[2]]])
             correct += int((predicted == labels).sum())
             total += len(labels)
     temporary.replace(output)
@@ -1101,7 +1262,7 @@ def _predict_text(args: argparse.Namespace, model: nn.Module, data: Prepared) ->
     output = args.output or source.with_name(f"{source.stem}-{name}-{args.split}.csv")
     corpus = args.data.removeprefix("hf:") if (args.data or "").startswith("hf:") else None
     _refuse_an_input(output, "--output", checkpoint=args.checkpoint, data_dir=args.data_dir, data=corpus)
-    output.parent.mkdir(parents=True, exist_ok=True)
+    _writable(output, "--output")
     temporary = output.with_name(f".{output.name}.tmp")
     total_loss, total_tokens, index = 0.0, 0, 0
     device = next(model.parameters()).device
@@ -1287,7 +1448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("export", "predict", "convert"):
         try:
             return {"export": _export, "predict": _predict, "convert": _convert}[args.command](args)
-        except (ValueError, TypeError, OSError) as error:
+        except (ValueError, TypeError, OSError, ImportError) as error:
             print(f"composer-fn: {error}", file=sys.stderr)
             return 2
     if args.command == "algorithms":
@@ -1335,7 +1496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return run(args, algorithms)
-    except (ValueError, TypeError, OSError, FloatingPointError) as error:
+    except (ValueError, TypeError, OSError, FloatingPointError, ImportError) as error:
         print(f"composer-fn: {error}", file=sys.stderr)
         return 2
 

@@ -139,11 +139,13 @@ class Recipe:
         return tuple(built)
 
     def build_optimizer(self, defaults: Mapping[str, Any], learning_rate: float | None) -> GradientTransformation:
-        """Returns the ``[optimizer]`` table's optimizer; without one, ``defaults`` (``name`` and arguments);
-        ``learning_rate`` (``--lr``), when given, overrides the table's."""
+        """Returns the ``[optimizer]`` table's optimizer; without one, ``defaults`` (``name`` and arguments). A table
+        without ``name`` changes the defaults' arguments (``--set optimizer.momentum=0.8``); one naming an optimizer
+        stands alone, taking the defaults' learning rate when it gives none. ``learning_rate`` (``--lr``), when
+        given, overrides the table's."""
         from composer_fn import optim
 
-        table = dict(self.optimizer) if self.optimizer else dict(defaults)
+        table = _over_defaults(self.optimizer, defaults, ("learning_rate",))
         name = table.pop("name", "sgd")
         if name not in OPTIMIZERS:
             raise self.error("optimizer.name", f"{name!r} is not an optimizer; accepted: {', '.join(OPTIMIZERS)}")
@@ -152,10 +154,11 @@ class Recipe:
         return self._call("optimizer", getattr(optim, name), table)
 
     def build_schedule(self, defaults: Mapping[str, Any]) -> Any:
-        """Returns the ``[schedule]`` table's schedule; without one, ``defaults`` (``name`` and arguments)."""
+        """Returns the ``[schedule]`` table's schedule; without one, ``defaults`` (``name`` and arguments). A table
+        without ``name`` changes the defaults' arguments (``--set schedule.t_warmup=0.2dur``)."""
         from composer_fn.optim import schedules
 
-        table = dict(self.schedule) if self.schedule else dict(defaults)
+        table = _over_defaults(self.schedule, defaults, ())
         name = table.pop("name", "constant")
         if name not in SCHEDULES:
             raise self.error("schedule.name", f"{name!r} is not a schedule; accepted: {', '.join(SCHEDULES)}")
@@ -246,6 +249,16 @@ class Recipe:
             raise self.error(name, f"{error}") from None
         except ValueError as error:
             raise self.error(name, f"{error}") from None
+
+
+def _over_defaults(table: Mapping[str, Any], defaults: Mapping[str, Any], kept: tuple[str, ...]) -> dict[str, Any]:
+    # No table: the defaults. A table without a name: the defaults' arguments changed. A named one: itself, with the
+    # defaults' ``kept`` fields it does not give (the learning rate every optimizer takes).
+    if not table:
+        return dict(defaults)
+    if "name" not in table:
+        return {**defaults, **table}
+    return {**{name: defaults[name] for name in kept if name in defaults}, **table}
 
 
 def load_recipe(

@@ -57,6 +57,7 @@ def read_run(path: str | os.PathLike[str], label: str | None = None) -> Run:
         raise TypeError(f"label={label!r} must be a str (the run's name in the legend) or None")
     log = _log_file(Path(path))
     kinds: dict[str, list[dict[str, Any]]] = {"train": [], "eval": [], "plan": []}
+    stepless: list[int] = []
     try:
         text = log.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -76,15 +77,29 @@ def read_run(path: str | os.PathLike[str], label: str | None = None) -> Run:
         except json.JSONDecodeError as error:
             raise ValueError(f"{log}:{number} is not a JSON record ({error.msg}): expected one object a line") from None
         if isinstance(record, dict) and record.get("kind") in kinds:
+            if record["kind"] != "plan" and not _number(record.get("step")):
+                stepless.append(number)
+                continue
             kinds[record["kind"]].append(record)
+    if stepless:
+        lines = ", ".join(map(str, stepless[:5])) + (", ..." if len(stepless) > 5 else "")
+        warnings.warn(
+            f"{log}: {len(stepless)} training or evaluation record(s) have no numeric step (line {lines}); they are "
+            "left out of every panel",
+            stacklevel=2,
+        )
     if not kinds["train"] and not kinds["eval"]:
         raise ValueError(f"{log} holds no training or evaluation record: expected a log written by JSONLLogger")
     name = label if label is not None else (log.parent.name if log.name == "log.jsonl" else log.stem)
     return Run(name, tuple(kinds["train"]), tuple(kinds["eval"]), tuple(kinds["plan"]))
 
 
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _series(records: Sequence[dict[str, Any]], x: str, y: str) -> tuple[list[float], list[float]]:
-    pairs = [(r[x], r[y]) for r in records if isinstance(r.get(x), int | float) and isinstance(r.get(y), int | float)]
+    pairs = [(r[x], r[y]) for r in records if _number(r.get(x)) and _number(r.get(y))]
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
@@ -168,7 +183,14 @@ def _warn_empty(runs: Sequence[Run], panels: Sequence[tuple[Any, str, str, str, 
                 continue
             seen.add((run.label, kind, metric))
             records = run.train if kind == "train" else run.eval
-            values = [r[metric] for r in records if isinstance(r.get(metric), int | float)]
+            values = [r[metric] for r in records if _number(r.get(metric))]
+            odd = [r[metric] for r in records if metric in r and r[metric] is not None and not _number(r[metric])]
+            if odd:
+                warnings.warn(
+                    f"run {run.label!r}: {len(odd)} of its {kind} records hold {metric} as something other than a number "
+                    f"(e.g. {odd[0]!r}); the {title} panel leaves them out",
+                    stacklevel=3,
+                )
             if not values:
                 what = f"{metric} in its {len(records)} {kind} records" if records else f"any {kind} record"
                 warnings.warn(f"run {run.label!r} logged no {what}: the {title} panel has no line for it", stacklevel=3)

@@ -24,7 +24,7 @@ with one tokenizer and packs each into rows of exactly ``sequence_length`` token
 ``bytes_per_token`` (UTF-8 bytes of the held-out rows' decoded text per token) turns a held-out loss in nats per
 token into bits per byte, a figure that does not depend on the tokenizer: ``loss / ln 2 / bytes_per_token``.
 
-``datasets`` and ``tokenizers`` (or ``transformers``) are extras: ``pip install 'composer_fn[datasets]'``.
+``datasets`` and ``tokenizers`` (or ``transformers``) are extras: ``pip install -e '.[datasets]'`` (``composer_fn.core.extras``).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from composer_fn.core.extras import install_command
 from composer_fn.core.validate import integer, real
 from composer_fn.data.hf import _datasets, packed_text
 
@@ -298,7 +299,7 @@ def _tokenizers() -> Any:
     try:
         import tokenizers
     except ModuleNotFoundError:
-        raise ModuleNotFoundError("training a tokenizer needs the tokenizers package: pip install 'composer_fn[datasets]'") from None
+        raise ModuleNotFoundError(f"training a tokenizer needs the tokenizers package: {install_command('datasets')}") from None
     return tokenizers
 
 
@@ -320,7 +321,7 @@ def _tokenizer(spec: Any, texts: list[str]) -> Any:
         try:
             import transformers
         except ModuleNotFoundError:
-            raise ModuleNotFoundError("a tokenizer folder needs transformers: pip install 'composer_fn[transformers]'") from None
+            raise ModuleNotFoundError(f"a tokenizer folder needs transformers: {install_command('hf')}") from None
         try:
             return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except (OSError, ValueError) as error:

@@ -37,13 +37,17 @@ class DigitsTask:
     """The digits task: images (standardised unless asked otherwise) and labels, split into training and held-out parts.
 
     ``train`` and ``heldout`` are ``(images, labels)`` with images ``float32 [N, 1, H, W]`` and labels
-    ``int64 [N]``; ``image_shape`` is ``(1, H, W)``.
+    ``int64 [N]``; ``image_shape`` is ``(1, H, W)``. ``mean`` and ``std`` (one channel) are the training images'
+    in ``[0, 1]`` scale, which standardisation uses, whatever ``standardize`` was; ``classes[i]`` names label ``i``.
     """
 
     train: tuple[Tensor, Tensor]
     heldout: tuple[Tensor, Tensor]
     num_classes: int
     image_shape: tuple[int, int, int]
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+    classes: tuple[str, ...] = tuple("0123456789")
 
 
 @functools.lru_cache(maxsize=1)
@@ -77,6 +81,7 @@ def load_digits_task(*, upsample: int = 1, standardize: bool = True) -> DigitsTa
 
     heldout_mask = torch.arange(len(labels)) % HELDOUT_EVERY == 0
     train_images = images[~heldout_mask]
+    mean, std = float(train_images.mean()), float(train_images.std(correction=0))
     if standardize:
         images = (images - train_images.mean()) / train_images.std(correction=0)
     images = images.to(torch.float32)
@@ -87,4 +92,6 @@ def load_digits_task(*, upsample: int = 1, standardize: bool = True) -> DigitsTa
         heldout=(images[heldout_mask], labels[heldout_mask]),
         num_classes=10,
         image_shape=(1, side, side),
+        mean=(mean,),
+        std=(std,),
     )

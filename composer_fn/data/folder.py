@@ -362,6 +362,8 @@ class _Decode:
             ) from None
         if image.dim() == 4:  # an animated GIF: its first frame
             image = image[0]
+        if image.dtype == torch.uint16:  # a 16-bit PNG: its 8 high bits, as 8-bit readers show it
+            image = (image.to(torch.int32) >> 8).to(torch.uint8)
         if self.size is not None and tuple(image.shape[1:]) != self.size:
             from torchvision.transforms.v2.functional import resize
 
@@ -410,12 +412,54 @@ def _scan(folder: Path) -> Any:
     from torchvision.datasets import ImageFolder
 
     try:
-        return ImageFolder(str(folder), loader=_Decode("unchanged", None), is_valid_file=_is_image)
+        images = ImageFolder(str(folder), loader=_Decode("unchanged", None), is_valid_file=_is_image)
     except FileNotFoundError as error:
         raise DatasetNotFoundError(
             f"{folder}: {str(error).strip()} Expected one subfolder per class, each holding images "
             f"({', '.join(IMAGE_EXTENSIONS)})"
         ) from None
+    if len(images.classes) < 2:
+        raise ValueError(
+            f"{folder}: holds one class subfolder ({images.classes[0]!r}): a classifier of one class is right by "
+            "construction, so its held-out accuracy would say nothing; expected at least 2 class subfolders"
+        )
+    bad = [(path, why) for path, _ in images.samples if (why := _header_fault(path)) is not None]
+    if bad:
+        listed = "; ".join(f"{path}: {why}" for path, why in bad[:10])
+        more = f"; and {len(bad) - 10} more" if len(bad) > 10 else ""
+        raise ValueError(
+            f"{folder}: {len(bad)} of its {len(images.samples)} image files cannot be read as images: {listed}{more}. "
+            "Expected PNG, JPEG, GIF or WebP files whose contents match their names; remove or replace them"
+        )
+    return images
+
+
+_SIGNATURES = (
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+)
+
+
+def _header_fault(path: str) -> str | None:
+    """Returns why the file at ``path`` is no image by its first bytes (empty, another format, a PNG header cut
+    short), or None: the header read that checks every file of a folder before the first step."""
+    try:
+        with open(path, "rb") as stream:
+            head = stream.read(32)
+    except OSError as error:
+        return f"cannot be opened ({error.strerror or error})"
+    if not head:
+        return "empty"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return None
+    kind = next((name for signature, name in _SIGNATURES if head.startswith(signature)), None)
+    if kind is None:
+        return f"not an image (it starts with bytes {head[:8].hex(' ')})"
+    if kind == "PNG" and (len(head) < 29 or head[12:16] != b"IHDR"):
+        return "a PNG whose header is cut short"
+    return None
 
 
 def _samples(dataset: Any) -> list[tuple[str, int]]:

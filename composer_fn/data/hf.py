@@ -12,7 +12,7 @@ slice of each global batch; being a stream, it is read from its start to resume 
 ``Tokenizer`` (one trained on the corpus) and packs the tokens into rows of exactly ``sequence_length``, the
 documents joined by the end-of-text token.
 
-``datasets`` is an extra (``pip install 'composer_fn[datasets]'``), imported only here; nothing is downloaded.
+``datasets`` is an extra (``pip install -e '.[datasets]'``), imported only here; nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from composer_fn.core.extras import install_command
 from composer_fn.core.random import host_bits, host_fold_in, host_key, key
 from composer_fn.core.validate import flag, integer
 from composer_fn.data.loader import GlobalBatches, _rank_and_world_size, epoch_order, rank_slice
@@ -36,7 +37,7 @@ def _datasets() -> Any:
         import datasets
     except ModuleNotFoundError:
         raise ModuleNotFoundError(
-            "Hugging Face datasets need the datasets package: pip install 'composer_fn[datasets]'"
+            f"Hugging Face datasets need the datasets package: {install_command('datasets')}"
         ) from None
     return datasets
 

@@ -1,4 +1,4 @@
-"""MLflow destination for the trainer's records (``pip install 'composer_fn[mlflow]'``).
+"""MLflow destination for the trainer's records (``pip install -e '.[mlflow]'``).
 
 ``MLFlowLogger`` sends, on rank 0 only: the run's settings as the MLflow run's params; each training,
 evaluation and end-of-run record's numbers as metrics at its step, named as ``TensorBoardLogger`` names its
@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from composer_fn.core.extras import install_command
 from composer_fn.loggers._paths import file_path, folder_path
 from composer_fn.loggers._tracking import TrackerLogger, artifact_name
 
@@ -86,7 +87,7 @@ class MLFlowLogger(TrackerLogger):
             import mlflow
             from mlflow.tracking import MlflowClient
         except ImportError as error:
-            raise ImportError(f"MLFlowLogger needs the mlflow package ({error}): pip install 'composer_fn[mlflow]'") from None
+            raise ImportError(f"MLFlowLogger needs the mlflow package ({error}): {install_command('mlflow')}") from None
         super().__init__(run_id_file, log_artifacts)
         given = tracking_uri
         if tracking_uri is not None and isinstance(tracking_uri, os.PathLike):

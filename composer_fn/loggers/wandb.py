@@ -1,4 +1,4 @@
-"""Weights & Biases destination for the trainer's records (``pip install 'composer_fn[wandb]'``).
+"""Weights & Biases destination for the trainer's records (``pip install -e '.[wandb]'``).
 
 ``WandBLogger`` sends, on rank 0 only: the run's settings as the W&B run's config; each training, evaluation and
 end-of-run record's numbers at its step, named as ``TensorBoardLogger`` names its scalars (``train/loss``,
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from composer_fn.core.extras import install_command
 from composer_fn.loggers._paths import folder_path
 from composer_fn.loggers._tracking import TrackerLogger, artifact_name
 
@@ -72,7 +73,7 @@ class WandBLogger(TrackerLogger):
         try:
             import wandb
         except ImportError as error:
-            raise ImportError(f"WandBLogger needs the wandb package ({error}): pip install 'composer_fn[wandb]'") from None
+            raise ImportError(f"WandBLogger needs the wandb package ({error}): {install_command('wandb')}") from None
         super().__init__(run_id_file, log_artifacts)
         self.project = _text("project", project, "'digits'")
         if self.project is not None and any(c in _PROJECT_REFUSED for c in self.project):

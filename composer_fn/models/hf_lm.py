@@ -22,6 +22,7 @@ from typing import Any
 from torch import nn
 
 from composer_fn.core import random as R
+from composer_fn.core.extras import install_command
 from composer_fn.core.random import Key
 from composer_fn.core.validate import integer
 from composer_fn.nn.init import built_from_key
@@ -41,7 +42,7 @@ def _transformers() -> Any:
     try:
         import transformers
     except ModuleNotFoundError:
-        raise ModuleNotFoundError("language models need transformers: pip install 'composer_fn[transformers]'") from None
+        raise ModuleNotFoundError(f"language models need transformers: {install_command('hf')}") from None
     return transformers
 
 

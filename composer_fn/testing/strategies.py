@@ -5,7 +5,7 @@ accepted) and returns a ``SearchStrategy`` to hand to ``@given``. A tensor holds
 from a drawn key (the project's own samplers, so a batch of any size costs one draw), and failures shrink to
 the constant tensor; a few entries are then drawn one by one, so that the ends of the range turn up.
 
-Hypothesis is a development dependency: ``pip install hypothesis`` (or ``pip install 'composer_fn[dev]'``).
+Hypothesis is a development dependency: ``pip install hypothesis`` (or ``pip install -e '.[dev]'``).
 
 Longer than most modules: one public strategy a kind of value, each with the argument checks and the drawing
 helpers it needs, kept in one place so that a user reads the whole kit in one file.
@@ -20,7 +20,7 @@ try:
 except ImportError as error:
     raise ImportError(
         "composer_fn.testing.strategies needs hypothesis, a development dependency: "
-        "pip install hypothesis (or pip install 'composer_fn[dev]')"
+        "pip install hypothesis (or, in the composer_fn checkout, pip install -e '.[dev]')"
     ) from error
 
 import dataclasses

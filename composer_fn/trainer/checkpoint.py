@@ -45,6 +45,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor
 
 from composer_fn.core.algorithm import Algorithm, algorithms_from_json
+from composer_fn.core.extras import install_command
 from composer_fn.core.records import from_earlier_layout
 from composer_fn.core.state import State
 from composer_fn.core.time import Timestamp
@@ -197,7 +198,7 @@ def convert_checkpoint(
     try:
         from safetensors.torch import save
     except ModuleNotFoundError:
-        raise ValueError("format='safetensors' needs the safetensors package: pip install 'composer_fn[hf]'") from None
+        raise ValueError(f"format='safetensors' needs the safetensors package: {install_command('hf')}") from None
     tensors = {name: tensor.contiguous() for name, tensor in payload["params"].items()}
     return _written(target, lambda stream: stream.write(save(tensors, metadata={"format": "pt"})))
 

@@ -99,16 +99,17 @@ def check_input_range(ranges: Sequence[tuple[str, tuple[float, float]]], batch: 
             )
 
 
-def check_targets(setup: SetUp, state: State, timestamp: Timestamp, batch: Any) -> None:
+def check_targets(
+    setup: SetUp, state: State, timestamp: Timestamp, batch: Any, where: str = "train_dataloader's first batch"
+) -> None:
     """Raises ValueError when, with the default loss, ``batch`` holds a class the model has no output for (a
-    sequence-to-sequence model's labels included), naming the batch's item."""
+    sequence-to-sequence model's labels included), naming the batch (``where``) and its item."""
     # Once, on the first batch, with the default loss: a class index the model has no output for fails deep
     # inside cross-entropy (on a GPU, as a device-side assertion). One sample's evaluation forward, by the
     # evaluation step without hooks and uncompiled, gives the class count. Where the model computes its own
     # loss, the targets it checks are the labels it is given.
     if not setup.default_loss:
         return
-    where = "train_dataloader's first batch"
     accepted = keyword_names(setup.static.module)
     # The model computes its own loss from the labels it is given: the labels are checked against its logits.
     own_loss = setup.keywords(batch) and "labels" in batch and (accepted is None or "labels" in accepted)

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from composer_fn.core.extras import install_command
+
 __all__ = ["LATEST", "ObjectFolder", "is_url", "local_path", "split_url", "storage_options", "retried", "opened", "resolved", "fetched_file"]
 
 LATEST = "latest"
@@ -32,7 +34,7 @@ LATEST = "latest"
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://")
 _PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
-_EXTRAS = {"s3fs": "composer_fn[s3]"}
+_EXTRAS = {"s3fs": "s3"}
 # Errors worth another try: the connection, not the request (a missing object or a refused credential is final).
 _FINAL = (FileNotFoundError, PermissionError, FileExistsError, IsADirectoryError, NotADirectoryError)
 _TRANSIENT_NAMES = {"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError"}
@@ -116,7 +118,7 @@ class ObjectFolder:
             self.fs, self.root = fsspec.core.url_to_fs(self.url, **storage_options(self.url))
         except (ImportError, ValueError) as error:
             package = _PACKAGES.get(scheme)
-            install = f"pip install {_EXTRAS.get(package, package)!r}" if package else "install fsspec's package for it"
+            install = (install_command(_EXTRAS[package]) if package in _EXTRAS else f"pip install {package}") if package else "install fsspec's package for it"
             raise ValueError(f"{argument}={url!r}: no filesystem for {scheme}:// is installed ({error}); {install}") from None
         self.root = self.root.rstrip("/")
         if check:

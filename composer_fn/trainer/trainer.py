@@ -37,11 +37,13 @@ from composer_fn.core.event import Event
 from composer_fn.core.passes import DEFAULT_PASSES, Pass
 from composer_fn.core.schedule import Action, Progress, Steps, run_schedule
 from composer_fn.core.state import BatchMeta, State, batch_input
-from composer_fn.core.time import Time, Timestamp, TimeUnit
+from composer_fn.core.time import Time, Timestamp, TimeUnit, to_steps
 from composer_fn.optim.base import GradientTransformation
+from composer_fn.optim.optimizers import sgdw
 from composer_fn.profiler import ProfileSession, marked
 from composer_fn.trainer import distributed
 from composer_fn.trainer.attributes import RunAttributes
+from composer_fn.trainer.batch_faults import BatchForm, batch_fault, batch_form
 from composer_fn.trainer.build import (
     build_run,
     changing_nothing,
@@ -64,6 +66,7 @@ from composer_fn.trainer.first_batch import (
     check_train_keys,
     units_scale,
 )
+from composer_fn.trainer.learning_rate import learning_rate
 from composer_fn.trainer.microbatch import Cut, failed_contribution, norm_statistics
 from composer_fn.trainer.model import evaluation_state, module_with
 from composer_fn.trainer.object_store import ObjectFolder, is_url, local_path, split_url
@@ -73,6 +76,7 @@ from composer_fn.trainer.options import (
     Execution,
     Reporting,
     Resume,
+    epochs_or_batches,
     options_from,
 )
 from composer_fn.trainer.prediction import check_predict_loader, predictions
@@ -169,6 +173,7 @@ class Trainer(RunAttributes):
             passes=passes,
         )
         """What stays fixed while the run trains: its algorithms, length, losses, optimizer, loaders (``Run``)."""
+        self._rate = (optimizer, schedule)  # rebuilt with a longer run by fit(duration=...)
         if run.save_folder is not None:
             prepare_folder(run.save_folder, options.spelled("save_folder"), run.world.main)
         self._handlers = bind_callbacks(self.callbacks)
@@ -193,6 +198,7 @@ class Trainer(RunAttributes):
         self._meta = BatchMeta(0)
         self._loss: Tensor | None = None
         self._watch = LossWatch()
+        self._first_form: BatchForm | None = None
         self._norms: dict[str, Tensor] = {}
         self._measured: list[str] = []
         self._last_plan: tuple[Timestamp | None, BatchMeta | None, Plan | None] = (None, None, None)
@@ -290,12 +296,27 @@ class Trainer(RunAttributes):
                     self.static, self.state = run_host_event(event, plan, self.static, self.state, self.timestamp, meta)
                 self._notify(event)
 
-    def fit(self) -> dict[str, float]:
+    def fit(self, duration: str | int | Time | None = None) -> dict[str, float]:
         """Returns the final metrics after training to ``max_duration`` (resuming where a checkpoint left off).
 
         The run is the side effects of each tick of ``run_schedule``: host hooks and callbacks at events, and
         the trainer's own actions (the step, logging, evaluation, checkpoints) where the schedule puts them.
+
+        ``duration`` (``'2ep'``, ``'100ba'``) trains that much further than where the run stands, as Composer's
+        ``fit(duration=...)`` does: the run's length becomes the steps taken plus ``duration``, and a schedule's
+        times in fractions of the run (``'0.1dur'``) are of that new length. Called again without it on a run that
+        has reached its length, ``fit`` trains nothing and warns, returning the metrics it has.
         """
+        if duration is not None:
+            self._lengthen(duration)
+        elif self.timestamp.batch >= self.max_steps and self.metrics:
+            warnings.warn(
+                f"fit(): the run has trained its whole length ({self.max_steps} steps), so nothing more was trained; "
+                "fit(duration='2ep') trains further",
+                UserWarning,
+                stacklevel=2,
+            )
+            return dict(self.metrics)
         self.static.module.train()
         self._check_evaluators()
         for logger in self.loggers:
@@ -385,6 +406,35 @@ class Trainer(RunAttributes):
             logger.close()
         return dict(self.metrics)
 
+    def _lengthen(self, duration: str | int | Time) -> None:
+        # The run's length becomes the steps taken plus ``duration``; the learning rate and the steps are rebuilt
+        # for it (the optimizer's state is kept: its transformation is the same).
+        extra = epochs_or_batches(duration, "duration", "2ep")
+        steps = to_steps(extra, steps_per_epoch=self.run.steps_per_epoch, max_steps=0)
+        if steps < 1:
+            raise ValueError(f"duration={duration!r} is {steps} steps (steps_per_epoch={self.run.steps_per_epoch}); expected at least one")
+        length = self.timestamp.batch + steps
+        optimizer, schedule = self._rate
+        tx, multiplier = learning_rate(
+            optimizer if optimizer is not None else sgdw(0.1),  # build_run's default
+            schedule,
+            self.run.algorithms,
+            steps_per_epoch=self.run.steps_per_epoch,
+            max_steps=length,
+            scale_schedule_ratio=self.run.scale_schedule_ratio,
+        )
+        self.run = dataclasses.replace(
+            self.run, max_duration=Time(length, TimeUnit.BATCH), max_steps=length, tx=tx, lr_multiplier=multiplier
+        )
+        check_algorithms_read(
+            self.run.algorithms, self.run.evaluators, self.callbacks, self.run.losses.default, length, self.run.steps_per_epoch
+        )
+        self.timestamp = self.timestamp.with_max_duration(Time(length, TimeUnit.BATCH))
+        self._steps = StepCache(dataclasses.replace(self._steps.builder, tx=tx))
+        self._fixed_step = None
+        self._last_step = (None, None, None, None)
+        self._last_plan = (None, None, None)
+
     def _next_batch(self) -> None:
         # BEFORE_DATALOADER, then the loader (see Feed); the first batch is checked against the run.
         if Event.BEFORE_DATALOADER in self._observed:
@@ -406,6 +456,7 @@ class Trainer(RunAttributes):
         given = batch_input(raw, self.input_key)
         if isinstance(given, Tensor):
             self._trained_input = (tuple(given.shape), given.dtype)
+        self._first_form = batch_form(self._batch)
         self._unchecked = False
 
     def _read_and_step(self) -> Progress:
@@ -424,8 +475,8 @@ class Trainer(RunAttributes):
             try:
                 self.state, outputs = step(self.state, self._batch)
                 completed = True
-            except RuntimeError as error:
-                raise distributed.explained(error, self.world, timestamp.batch) from error
+            except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as error:
+                raise self._explained(error, self._batch, timestamp) from error
             finally:
                 draws.leave(saved, completed)
             self._took(outputs)
@@ -448,8 +499,8 @@ class Trainer(RunAttributes):
                 saved = self._draws.enter(start.batch + done, self._cut.first_sample)
                 try:
                     self.state, outputs = step(self.state, batch)
-                except RuntimeError as error:
-                    raise distributed.explained(error, self.world, start.batch + done) from error
+                except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as error:
+                    raise self._explained(error, batch, start.advance(0, 0, 0.0, done) if done else start) from error
                 finally:
                     self._draws.leave(saved)
                 self._watch.add(start.batch + done + 1, outputs["loss"])
@@ -525,6 +576,27 @@ class Trainer(RunAttributes):
             self._last_step = (plan, self.static, frozen, step)
         self.state, outputs = result
         self._took(outputs)
+
+    def _explained(self, error: Exception, batch: Any, timestamp: Timestamp) -> Exception:
+        # Read only after a step failed: a batch unlike the first or unlike what the loss takes is named, with the
+        # item and what was expected; a failed collective says so; anything else is the error as raised.
+        if isinstance(error, RuntimeError) and (explained := distributed.explained(error, self.world, timestamp.batch)) is not error:
+            return explained
+
+        def check_classes() -> None:
+            check_targets(self._setup(), self.state, timestamp, batch, where="the batch")
+
+        try:
+            fault = batch_fault(batch, self._first_form, self.target_key, self.run.losses.default, check_classes)
+        except Exception:  # noqa: BLE001 -- the diagnosis must never hide the step's own error
+            fault = None
+        if fault is None:
+            return error
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return ValueError(
+            f"the train batch of step {timestamp.batch + 1} (epoch {timestamp.epoch}): {fault} "
+            f"({type(error).__name__}: {first_line})"
+        )
 
     def _took(self, outputs: dict[str, Tensor], watched: bool = False) -> None:
         # What the loop keeps of a step's outputs: the loss (watched for NaN), and the gradients' norms for the

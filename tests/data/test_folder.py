@@ -234,6 +234,42 @@ def test_a_corrupt_image_is_refused_naming_its_path(tmp_path: Path) -> None:
     assert str(corrupt) in str(raised.value)
 
 
+def test_every_file_of_a_folder_is_checked_before_the_first_step_naming_each_bad_one(tmp_path: Path) -> None:
+    _write_folder(tmp_path)
+    # Held-out files (every fifth of ImageFolder's order: each class's first here), read only after training.
+    text, empty = tmp_path / "cat" / "img_000.png", tmp_path / "dog" / "img_000.png"
+    text.write_text("this is not a picture")
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"2 of its 15 image files cannot be read as images") as raised:
+        load_image_folder_task(tmp_path, batch_size=4)
+    message = str(raised.value)
+    assert f"{text}: not an image (it starts with bytes 74 68 69 73" in message and f"{empty}: empty" in message
+
+
+def test_a_folder_of_one_class_is_refused(tmp_path: Path) -> None:
+    _write_folder(tmp_path)
+    for name in CLASSES[1:]:
+        for file in (tmp_path / name).iterdir():
+            file.unlink()
+        (tmp_path / name).rmdir()
+    with pytest.raises(ValueError, match=rf"holds one class subfolder \('{CLASSES[0]}'\): .*at least 2 class subfolders"):
+        load_image_folder_task(tmp_path, batch_size=2)
+
+
+def test_a_sixteen_bit_png_is_read_as_its_high_eight_bits(tmp_path: Path) -> None:
+    import numpy as np
+    from PIL import Image
+
+    written = _write_folder(tmp_path, channels=1)
+    deep = np.arange(64, dtype=np.uint16).reshape(8, 8) * 1000
+    Image.fromarray(deep).save(tmp_path / CLASSES[0] / "img_001.png")
+    task = load_image_folder_task(tmp_path, batch_size=4, standardize=False)
+    images = torch.cat([batch[0] for batch in _all_batches(task.train, 0)] + [batch[0] for batch in _all_batches(task.heldout, 0)])
+    expected = torch.from_numpy((deep >> 8).astype(np.uint8)).float() / 255
+    assert len(images) == len(written)  # 12 training images in 3 batches of 4, and the 3 held out
+    assert sum(torch.allclose(image[0], expected, rtol=0, atol=1e-6) for image in images) == 1
+
+
 def test_a_training_part_smaller_than_a_global_batch_is_refused(tmp_path: Path) -> None:
     _write_folder(tmp_path)
     with pytest.raises(ValueError, match="batch_size=7"):

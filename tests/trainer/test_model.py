@@ -148,6 +148,34 @@ def test_each_export_format_gives_the_modules_outputs_on_the_heldout_batch(tmp_p
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
+class _Branching(torch.nn.Module):
+    """Doubles its output when the batch's mean is positive: a branch on a value, which a trace fixes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(16 * 16, 3)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.head(images.flatten(1))
+        if images.mean() > 0:
+            logits = logits * 2
+        return logits
+
+
+def test_a_trace_that_the_example_specialised_is_refused_on_another_batch_and_says_what_it_fixed(tmp_path: Path) -> None:
+    model = _Branching()
+    positive, negative = HELDOUT_IMAGES[:8].abs() + 0.1, -HELDOUT_IMAGES[8:13].abs() - 0.1
+    with pytest.raises(ValueError, match=r"on check batch 1 \(5 samples\) .*the trace fixed to the example: Converting a tensor to a Python boolean"):
+        export_model(model, positive, tmp_path / "m.ts", check_batches=[negative])
+    assert not any(tmp_path.iterdir())
+    # Checked on the example alone, the same program passes, and says what the trace fixed.
+    check = export_model(model, positive, tmp_path / "m.ts")
+    assert check.batches == 1 and check.specialised and "Python boolean" in check.specialised[0]
+    # A model without such a branch passes on batches of every size, and nothing was fixed.
+    plain = export_model(SmallCNN(1, 10, width=8), HELDOUT_IMAGES[:8], tmp_path / "p.ts", check_batches=[HELDOUT_IMAGES[8:13]])
+    assert plain.batches == 2 and plain.specialised == ()
+
+
 def test_an_export_is_refused_before_writing_for_bad_arguments(tmp_path: Path) -> None:
     model = SmallCNN(1, 10, width=8)
     with pytest.raises(ValueError, match="format='tflite' is not an export format; accepted: torchscript, pt2, onnx"):

@@ -632,3 +632,64 @@ def test_the_loss_watch_folds_long_runs_and_names_the_first_bad_step() -> None:
     for step in range(1, 600):
         clean.add(step, torch.tensor(0.5))
     assert clean.first_bad() is None
+
+
+def _good_batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return R.normal(R.key(seed), (8, 6)), R.randint(R.key(seed + 1), 0, 2, (8,))
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ((R.normal(R.key(9), (8, 6)), torch.tensor([0, 1, 5, 0, 1, 0, 1, 0])), r"the batch's targets \(batch\[1\]\) hold class 5, but the model's outputs have 2 classes"),
+        ((R.normal(R.key(9), (8, 6)), torch.zeros(8, dtype=torch.int32)), r"item 1 is torch.int32, and the first batch's was torch.int64"),
+        ((R.normal(R.key(9), (8, 6)), torch.zeros(8, 1, dtype=torch.int64)), r"item 1 has shape \[B, 1\], and the first batch's had \[B\]"),
+        ((R.normal(R.key(9), (8, 6)), torch.zeros(6, dtype=torch.int64)), r"different numbers of samples \(item 0 8, item 1 6\)"),
+        ((R.normal(R.key(9), (8, 7)), torch.zeros(8, dtype=torch.int64)), r"item 0 has shape \[B, 7\], and the first batch's had \[B, 6\]"),
+        ([R.normal(R.key(9), (8, 6))], r"it is a list of items \[0\], and the first batch was a tuple of items \[0, 1\]"),
+    ],
+    ids=["class", "int32", "column", "lengths", "width", "items"],
+)
+@pytest.mark.parametrize("algorithms", [[], [EMA(half_life="1ba")]], ids=["run-of-steps", "step-by-step"])
+def test_a_later_batch_that_breaks_the_step_is_named_with_its_item_and_what_was_expected(
+    bad: Any, message: str, algorithms: list[Any]
+) -> None:
+    batches = [_good_batch(0), _good_batch(2), bad, _good_batch(4)]
+    with pytest.raises(ValueError, match=rf"^the train batch of step 3 \(epoch 0\): .*{message}") as raised:
+        _trainer(loader=batches, max_duration="4ba", algorithms=algorithms).fit()
+    assert raised.value.__cause__ is not None  # torch's own error, kept as the cause
+
+
+@pytest.mark.parametrize(
+    ("labels", "message"),
+    [
+        (torch.zeros(8, dtype=torch.int32), r"item 1 \(the targets\) is torch.int32: the default loss takes int64 class indices"),
+        (torch.zeros(8), r"item 1 \(the targets\) is torch.float32 of shape \[8\]: the default loss takes class indices"),
+        (torch.zeros(8, 1, dtype=torch.int64), r"item 1 \(the targets\) has shape \[8, 1\]: expected \[B\] class indices"),
+    ],
+    ids=["int32", "float", "column"],
+)
+def test_first_batch_targets_the_default_loss_cannot_take_are_named(labels: torch.Tensor, message: str) -> None:
+    batches = [(R.normal(R.key(9), (8, 6)), labels)] * 2
+    with pytest.raises(ValueError, match=rf"^the train batch of step 1 \(epoch 0\): {message}"):
+        _trainer(loader=batches, max_duration="2ba").fit()
+
+
+@pytest.mark.parametrize("algorithms", [[], [EMA(half_life="1ba")]], ids=["run-of-steps", "step-by-step"])
+def test_fit_with_a_duration_trains_further_as_the_one_longer_run_does(algorithms: list[Any]) -> None:
+    # 16 rows in batches of 8: 2 steps an epoch. 4 steps, then 4 more, against 8 steps in one fit.
+    whole = _trainer(max_duration="8ba", algorithms=algorithms, eval_dataloader=_loader())
+    whole.fit()
+    split = _trainer(max_duration="4ba", algorithms=algorithms, eval_dataloader=_loader())
+    first = split.fit()
+    before = {name: value.clone() for name, value in split.state.params.items()}
+    with pytest.warns(UserWarning, match=r"fit\(\): the run has trained its whole length \(4 steps\), so nothing more was trained"):
+        assert split.fit() == first
+    assert all(torch.equal(split.state.params[name], value) for name, value in before.items())
+    again = split.fit(duration="2ep")
+    assert split.timestamp.batch == 8 and split.max_steps == 8
+    for name, value in whole.state.params.items():
+        assert torch.equal(split.state.params[name], value), name
+    assert again["eval/eval/loss"] == whole.metrics["eval/eval/loss"] != first["eval/eval/loss"]
+    with pytest.raises(ValueError, match="duration="):
+        split.fit(duration="0ba")
