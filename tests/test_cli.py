@@ -196,11 +196,11 @@ def test_a_trained_checkpoint_exports_and_predicts_from_the_command_line(capsys,
     logits = run_exported(tmp_path / "m.pt2", "pt2", raw.heldout[0])
     assert logits.argmax(dim=1).tolist() == [int(row.split(",")[2]) for row in rows[1:]]
     # --inputs standardized: the model as it is, on images standardised as in training.
-    assert main(["export", str(folder / "latest.pt"), "--format", "pt2", "--inputs", "standardized", "--output", str(tmp_path / "s.pt2")]) == 0
+    assert main(["export", str(folder / "latest.pt"), "--format", "torchscript", "--inputs", "standardized", "--output", str(tmp_path / "s.ts")]) == 0
     capsys.readouterr()
     standardised = load_digits_task().heldout[0]
-    torch.testing.assert_close(run_exported(tmp_path / "s.pt2", "pt2", standardised), logits, rtol=0, atol=1e-4)
-    assert not json.loads((tmp_path / "s.pt2.json").read_text())["standardised_inside"]
+    torch.testing.assert_close(run_exported(tmp_path / "s.ts", "torchscript", standardised), logits, rtol=0, atol=1e-4)
+    assert not json.loads((tmp_path / "s.ts.json").read_text())["standardised_inside"]
     # In Python: the model rebuilt from the checkpoint's record, as the command line rebuilds it.
     from composer_fn.app.cli import load_trained
 
