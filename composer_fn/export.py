@@ -136,7 +136,17 @@ def export_model(
     example = example.to(device)
     batches = [example, *(batch.to(device) for batch in check_batches)]
     with _eval_mode(module), torch.no_grad():
-        expected = [module(batch) for batch in batches]
+        expected = []
+        for index, batch in enumerate(batches):
+            try:
+                expected.append(module(batch))
+            except (RuntimeError, ValueError, TypeError, IndexError) as error:
+                where = "example" if index == 0 else f"check_batches[{index - 1}]"
+                first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                raise ValueError(
+                    f"{where} of shape {tuple(batch.shape)} ({batch.dtype}): {type(module).__name__} fails on it ({first}); "
+                    "expected a batch of the inputs the module takes, as it took them in training"
+                ) from error
         if not isinstance(expected[0], Tensor):
             raise TypeError(f"module returns {type(expected[0]).__name__}; export_model exports modules returning one tensor")
         # The temporary name keeps the ending: torch.export reads and writes archives by it.

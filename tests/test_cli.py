@@ -41,6 +41,8 @@ def test_plan_prints_the_schedule_table(capsys) -> None:
         (["plan", "--task", "cifar"], "--task", "'cifar'", "choose from 'digits', 'digits-mlp', 'synthetic'"),
         (["train", "--precision", "fp16"], "--precision", "'fp16'", "choose from 'fp32', 'bf16-mixed'"),
         (["train", "--load-path", "missing/latest.pt"], "--load-path", "'missing/latest.pt'", "an existing checkpoint"),
+        (["train", "--load-path", "pyproject.toml"], "--load-path", "'pyproject.toml'", "an existing checkpoint file (torch.save's zip archive)"),
+        (["export", "README.md"], "checkpoint", "'README.md'", "an existing checkpoint file"),
         (["train", "--save-folder", "pyproject.toml"], "--save-folder", "'pyproject.toml'", "a folder"),
         (["train", "--log-file", "tests"], "--log-file", "'tests'", "a file (created if missing), not a folder"),
         # A value starting with a minus is the flag's value, named with what is accepted.
@@ -143,7 +145,22 @@ def test_autoresume_continues_an_interrupted_run_from_its_save_folder(capsys, tm
     # Resumed after the first epoch (saved at its end): the run reports both epochs' steps.
     assert "46 steps, 2 epochs" in capsys.readouterr().out
     assert main(["train", "--autoresume", "--no-progress"]) == 2
-    assert "autoresume=True needs a save_folder" in capsys.readouterr().err
+    assert "--autoresume (it resumes from the newest checkpoint in --save-folder, and none is given)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--save-interval", "1ba"], "--save-interval=1ba (it sets how often checkpoints go to --save-folder, and none is given)"),
+        (["--fsdp"], "--fsdp (it shards the model over the --nproc processes, and none is given)"),
+        (["--microbatch-size", "100", "--batch-size", "64"], "--microbatch-size=100 is larger than a process's batch (--batch-size=64)"),
+        (["--microbatch-size", "24", "--batch-size", "32", "--nproc", "2"], "(--batch-size=32 over --nproc=2 processes, 16 each)"),
+    ],
+)
+def test_a_flag_without_the_one_it_works_with_is_refused_naming_both(capsys, flags, words) -> None:
+    assert main(["train", "--max-duration", "1ba", "--no-progress", *flags]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and words in err[0], err
 
 
 @pytest.mark.parametrize("duration", ["3ba", "1ep"])
@@ -308,6 +325,10 @@ def test_model_kwargs_reach_the_constructor_and_the_checkpoint_rebuilds_them(cap
     assert "differ from the module's by at most 0" in capsys.readouterr().out
     assert main(["train", "--model-kwargs", "width=8,depth=3", "--max-duration", "1ba", "--no-progress"]) == 2
     assert "model='small_cnn' does not take the options {'width': 8, 'depth': 3}" in capsys.readouterr().err
+    # What the data sets is not an option: another class count would train a head the labels do not fit.
+    assert main(["train", "--model", "resnet18", "--model-kwargs", "num_classes=3", "--max-duration", "1ba", "--no-progress"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "model options ['num_classes'] of 'resnet18': they come from the data" in err[0]
 
 
 def test_algorithms_take_hyperparameters_on_the_command_line_as_python_takes_them() -> None:

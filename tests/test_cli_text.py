@@ -51,6 +51,12 @@ def test_a_language_model_trains_on_a_local_corpus_and_its_checkpoint_exports_an
     assert "held-out rows" in capsys.readouterr().out
     program = torch.export.load(str(tmp_path / "lm.pt2")).module()
     assert program(torch.zeros(3, 32, dtype=torch.int64)).shape == (3, 32, 300)
+    # --inputs chooses what an image model's program takes: refused by name, nothing written.
+    for given in ("unit", "standardized"):
+        assert main(["export", str(folder / "latest.pt"), "--inputs", given, "--output", str(tmp_path / "x.pt2")]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and f"--inputs {given}" in err[0] and "token ids" in err[0], err
+    assert not (tmp_path / "x.pt2").exists()
     # Rows longer than the model's learned position table are refused by name, before any row is read.
     assert main(["predict", str(folder / "latest.pt"), "--sequence-length", "64", "--output", str(output)]) == 2
     err = capsys.readouterr().err.splitlines()

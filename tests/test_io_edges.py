@@ -242,6 +242,14 @@ def test_report_refuses_a_binary_file_and_an_output_it_cannot_write_in_one_line(
         err = capsys.readouterr().err.splitlines()
         assert len(err) == 1 and "writing it would replace its input" in err[0]
     assert log.read_text().startswith('{"kind"')
+    # What is not the PNG a report is, and labels that do not name each run once, are refused by their flags.
+    assert main(["report", str(log), "--output", str(tmp_path / "report.txt")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "--output" in err[0] and "report.txt" in err[0] and "ending in .png" in err[0]
+    assert main(["report", str(log), "--compare", str(log), "--labels", "a,b,c", "--output", str(tmp_path / "r.png")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "--labels a,b,c names 3 runs, and 2 are given" in err[0]
+    assert not (tmp_path / "report.txt").exists() and not (tmp_path / "r.png").exists()
 
 
 @pytest.mark.parametrize("command", ["train", "plan"])

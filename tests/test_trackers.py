@@ -399,7 +399,7 @@ def test_a_recipes_tracker_tables_build_the_loggers_with_their_ids_in_the_save_f
     assert wandb.run_id_file == tmp_path / "runs" / "wandb-run-id"
     assert isinstance(mlflow, MLFlowLogger) and mlflow.experiment_name == "digits"
     assert mlflow.run_id_file == tmp_path / "runs" / "mlflow-run-id"
-    with pytest.raises(RecipeError, match=r"field loggers.wandb: .*unexpected keyword argument 'projcet'"):
+    with pytest.raises(RecipeError, match=r"field loggers.wandb: unknown argument 'projcet'; accepted: project \(default None\), name"):
         Recipe(tmp_path / "recipe.toml", {}, loggers={"wandb": {"projcet": "x"}}).build_loggers()
     with pytest.raises(RecipeError, match=r"field loggers.mlflow: 'x': expected a table of MLFlowLogger's arguments"):
         Recipe(tmp_path / "recipe.toml", {}, loggers={"mlflow": "x"}).build_loggers()

@@ -183,9 +183,30 @@ def _check_combination(args: argparse.Namespace) -> None:
         unused.append((f"--num-workers={args.num_workers}", "they decode imagefolder images; this data is in memory"))
     if getattr(args, "overwrite_log", False) and getattr(args, "log_file", None) is None:
         unused.append(("--overwrite-log", "it lets a run replace its --log-file, and none is given"))
-    if unused:
-        flags = "; ".join(f"{flag} ({reason})" for flag, reason in unused)
-        raise ValueError(f"with {data} these flags would do nothing, drop them: {flags}")
+    alone: list[tuple[str, str]] = []
+    if getattr(args, "save_folder", None) is None:
+        if getattr(args, "save_interval", None) is not None:
+            alone.append((f"--save-interval={args.save_interval}", "it sets how often checkpoints go to --save-folder"))
+        if getattr(args, "autoresume", False):
+            alone.append(("--autoresume", "it resumes from the newest checkpoint in --save-folder"))
+    if getattr(args, "fsdp", False) and getattr(args, "nproc", None) is None and getattr(args, "deepspeed", None) is None and "WORLD_SIZE" not in os.environ:
+        alone.append(("--fsdp", "it shards the model over the --nproc processes"))
+    found = [f"with {data} these flags would do nothing, drop them: " + "; ".join(f"{f} ({why})" for f, why in unused)] if unused else []
+    if alone:
+        found.append("these flags would do nothing without the flag they work with: " + "; ".join(f"{f} ({why}, and none is given)" for f, why in alone))
+    if found:
+        raise ValueError(". ".join(found))
+    micro = getattr(args, "microbatch_size", None)
+    if isinstance(micro, int) and args.command in ("train", "profile"):
+        batch = args.batch_size if args.batch_size is not None else _source(args)[1]
+        processes = getattr(args, "nproc", None) or 1
+        if micro > batch // processes:
+            given = f"--batch-size={batch}" if args.batch_size is not None else f"the default batch of {batch}"
+            each = f" over --nproc={processes} processes, {batch // processes} each" if processes > 1 else ""
+            raise ValueError(
+                f"--microbatch-size={micro} is larger than a process's batch ({given}{each}): a microbatch is a part "
+                "of it; expected at most that, or leave --microbatch-size out to step on the whole batch"
+            )
 
 
 def _prepare(args: argparse.Namespace, unit_range: bool, world_size: int = 1) -> Prepared:
@@ -395,10 +416,24 @@ def _location(text: str) -> Path | str:
     return text if is_url(text) else Path(local_path(text))
 
 
+def _may_be_checkpoint(path: Path | str) -> bool:
+    # A URL is read when the run is built; a folder may be a sharded checkpoint; a file must start as torch.save's
+    # do (a zip archive, or the pickle of its older format), so that a log or a recipe is refused by its flag.
+    if not isinstance(path, Path) or path.is_dir():
+        return True
+    try:
+        with path.open("rb") as stream:
+            head = stream.read(4)
+    except OSError:
+        return False
+    return head == b"PK\x03\x04" or head[:1] == b"\x80"
+
+
 _CHECKPOINT: Callable[[str], Path | str] = _checked(
-    "an existing checkpoint file or sharded checkpoint folder, e.g. runs/latest.pt, or its URL (s3://bucket/run/latest)",
+    "an existing checkpoint file (torch.save's zip archive) or sharded checkpoint folder, e.g. runs/latest.pt, or "
+    "its URL (s3://bucket/run/latest)",
     _location,
-    lambda path: not isinstance(path, Path) or path.is_file() or path.is_dir(),
+    _may_be_checkpoint,
 )
 _FOLDER: Callable[[str], Path | str] = _checked(
     "a folder (created if missing), not a file, or a bucket's URL (s3://bucket/run)",
@@ -626,10 +661,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     export.add_argument("--data-dir", type=_DIRECTORY, default=None, help="where the run's data is (for the check batch; its usual place if omitted)")
     export.add_argument(
         "--inputs",
-        default="unit",
+        default=None,
         choices=("unit", "standardized"),
-        help="what an image model's program takes: unit, images in [0, 1] (pixels / 255) that it standardises "
-        "itself as the run did; standardized, images already standardised (the model as it is); default %(default)s",
+        help="what an image model's program takes: unit (the default), images in [0, 1] (pixels / 255) that it "
+        "standardises itself as the run did; standardized, images already standardised (the model as it is). A "
+        "language model's program takes token ids",
     )
     convert = commands.add_parser(
         "convert", help="write a checkpoint (a sharded run's folder included) as one checkpoint file, or its weights as safetensors"
@@ -1023,8 +1059,13 @@ def _export(args: argparse.Namespace) -> int:
     text = "sequence_length" in metadata
     if text:
         model = _logits_of_ids(model)
+    if text and args.inputs is not None:
+        raise ValueError(
+            f"--inputs {args.inputs}: {args.checkpoint} holds a language model, whose program takes token ids "
+            "(int64 [N, S]); --inputs chooses what an image model's program takes: leave it out"
+        )
     # By default an image model's program takes images in [0, 1] (pixels / 255) and standardises them itself.
-    unit = not text and args.inputs == "unit"
+    unit = not text and args.inputs in (None, "unit")
     try:
         if metadata.get("data") == "imagefolder" and args.data_dir is None and getattr(args, "data", None) is None:
             raise FileNotFoundError("no --data-dir names the image folder")
@@ -1399,6 +1440,14 @@ def _report(args: argparse.Namespace) -> int:
     from composer_fn.app.report import write_report
 
     labels = [label.strip() for label in args.labels.split(",")] if args.labels else []
+    runs = 1 + len(args.compare)
+    if labels and len(labels) != runs:
+        print(
+            f"composer-fn: --labels {args.labels} names {len(labels)} runs, and {runs} are given (the run and "
+            f"{len(args.compare)} --compare): expected one name a run, in order",
+            file=sys.stderr,
+        )
+        return 2
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -1406,6 +1455,8 @@ def _report(args: argparse.Namespace) -> int:
                 for index, run in enumerate([args.run, *args.compare]):
                     if run.is_file():  # a log given as the run (a run folder cannot be the PNG)
                         _refuse_an_input(args.output, "--output", **{"run" if index == 0 else "--compare run": run})
+                if args.output.suffix.lower() != ".png":
+                    raise ValueError(f"--output {args.output}: the report is a PNG picture; expected a path ending in .png")
             path = write_report([args.run, *args.compare], args.output, labels=labels)
     except (ValueError, TypeError, OSError) as error:
         print(f"composer-fn: {error}", file=sys.stderr)

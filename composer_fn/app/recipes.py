@@ -129,12 +129,18 @@ class Recipe:
     def build_algorithms(self) -> tuple[Algorithm, ...]:
         """Returns the ``[algorithms.*]`` tables as algorithms, in the file's order."""
         import composer_fn.algorithms  # noqa: F401  (registers every algorithm)
+        from composer_fn.app.catalog import options_of
         from composer_fn.core.algorithm import REGISTRY
 
         built = []
         for name, arguments in self.algorithms:
             if name not in REGISTRY:
                 raise self.error(f"algorithms.{name}", f"unknown algorithm; accepted: {', '.join(sorted(REGISTRY))}")
+            options = options_of(REGISTRY[name])
+            unknown = [key for key in arguments if key not in {option.name for option in options}]
+            if unknown:
+                accepted = ", ".join(f"{o.name} (default {o.default_text()})" for o in options) or "none"
+                raise self.error(f"algorithms.{name}", f"unknown hyperparameter {unknown[0]!r}; accepted: {accepted}")
             built.append(self._call(f"algorithms.{name}", REGISTRY[name], arguments))
         return tuple(built)
 
@@ -243,6 +249,22 @@ class Recipe:
         return built
 
     def _call(self, name: str, build: Callable[..., Any], arguments: Mapping[str, Any]) -> Any:
+        import inspect
+
+        try:
+            parameters = inspect.signature(build).parameters
+        except (TypeError, ValueError):
+            parameters = None
+        if parameters is not None and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            unknown = [key for key in arguments if key not in parameters]
+            if unknown:
+                accepted = ", ".join(
+                    p.name if p.default is inspect.Parameter.empty else f"{p.name} (default {p.default!r})"
+                    for p in parameters.values()
+                    if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+                    and p.name not in ("label", "dataloader")
+                )
+                raise self.error(name, f"unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; accepted: {accepted}")
         try:
             return build(**arguments)
         except TypeError as error:

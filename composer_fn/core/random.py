@@ -161,6 +161,7 @@ def host_fold_in(k: HostKey, data: int) -> HostKey:
 
 def split(k: Key, n: int = 2) -> Key:
     """Returns ``n`` independent keys of shape ``[n, ..., 2]`` derived from ``k``."""
+    _check_key(k)
     n = integer("n", n, minimum=1, hint="the number of keys")
     counters = _counters(n, k).reshape((n,) + (1,) * (k.dim() - 1))
     return fold_in(k.unsqueeze(0), counters)
@@ -199,6 +200,7 @@ def bits(k: Key, shape: Sequence[int] | int) -> Tensor:
     The result has shape ``k.shape[:-1] + shape``: a batch of keys gives one independent draw of ``shape``
     per key.
     """
+    _check_key(k)
     dims = _shape(shape)
     if readable_on_host(k):
         return _bits_numpy(k, dims)

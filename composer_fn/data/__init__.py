@@ -3,7 +3,7 @@
 from composer_fn.data.cifar import load_cifar_task
 from composer_fn.data.datasets import DATASETS, load_dataset
 from composer_fn.data.digits import DigitsTask, load_digits_task
-from composer_fn.data.folder import FolderLoader, FolderTask, load_image_folder_task
+from composer_fn.data.folder import FolderLoader, FolderTask, UnreadableImage, load_image_folder_task
 from composer_fn.data.idx import load_idx_task, read_idx, write_idx
 from composer_fn.data.images import DatasetNotFoundError, ImageTask
 from composer_fn.data.loader import TensorLoader
@@ -17,6 +17,7 @@ __all__ = [
     "FolderTask",
     "ImageTask",
     "TensorLoader",
+    "UnreadableImage",
     "load_cifar_task",
     "load_dataset",
     "load_digits_task",

@@ -238,6 +238,11 @@ def _split(
     builders = {TABLE_SUFFIXES.get(path.suffix.lower()) for path in files}
     if builders == {None} and (source.is_dir() or source.suffix.lower() != ".txt"):
         # A folder of documents (or one document): each file is one, named by its path in the folder.
+        if column != "text":
+            raise ValueError(
+                f"text_column={column!r}: {name!r} holds text documents, each file one document, whose text is the "
+                f"column 'text'; a column is chosen only in tables ({', '.join(sorted(TABLE_SUFFIXES))})"
+            )
         root = source if source.is_dir() else source.parent
         names = [path.relative_to(root).as_posix() for path in files]
         texts = [_read_text(path) for path in files]

@@ -36,6 +36,7 @@ from composer_fn.data.loader import _rank_and_world_size, epoch_order, rank_slic
 __all__ = [
     "FolderTask",
     "FolderLoader",
+    "UnreadableImage",
     "GlobalBatchSampler",
     "load_image_folder_task",
     "IMAGE_EXTENSIONS",
@@ -342,6 +343,20 @@ class FolderLoader:
         )
 
 
+class UnreadableImage(ValueError):
+    """An image file that cannot be decoded, named with its path.
+
+    Raised in a worker process, a ``DataLoader`` raises it again in the main process built from a message that
+    holds the worker's whole traceback; its own line, the last one, is all it keeps.
+    """
+
+    def __init__(self, message: str) -> None:
+        marker = f"{type(self).__name__}: "
+        if "Original Traceback" in message and marker in message:
+            message = message.rsplit(marker, 1)[1].strip()
+        super().__init__(message)
+
+
 class _Decode:
     """Reads one image file as ``uint8 [C, H, W]`` in ``mode`` (gray, rgb or unchanged), resized to ``size``."""
 
@@ -357,7 +372,7 @@ class _Decode:
         try:
             image = decode_image(path, mode=getattr(ImageReadMode, self.mode.upper()))
         except (RuntimeError, ValueError, OSError) as error:
-            raise ValueError(
+            raise UnreadableImage(
                 f"{path}: cannot be decoded as an image ({error}): expected a PNG, JPEG, GIF or WebP file"
             ) from None
         if image.dim() == 4:  # an animated GIF: its first frame

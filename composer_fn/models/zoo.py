@@ -73,6 +73,12 @@ def build_model(
     channels = image_shape[0]
     parameter_key = key if key is not None else R.key(0)
     given = dict(options or {})
+    fixed = sorted(set(given) & {"num_classes", "in_channels", "image_size", "in_features", "key"})
+    if fixed:
+        raise ValueError(
+            f"model options {fixed} of {name!r}: they come from the data (images of {image_shape}, {num_classes} "
+            "classes) and the run's seed; leave them out of the options"
+        )
     if name == "mlp" and isinstance(given.get("hidden"), int) and not isinstance(given.get("hidden"), bool):
         given["hidden"] = (given["hidden"],)  # one hidden layer
     from composer_fn.models.cnn import SmallCNN, TwoConvBN

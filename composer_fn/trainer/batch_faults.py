@@ -1,6 +1,7 @@
 """Why a training step failed on its batch: read only after the step raised (nothing is checked on the way of a
-step that runs), by comparing the batch with the first one and with what the default loss takes, so that the error
-names the batch, its item and what was expected instead of torch's message from deep inside the loss."""
+step that runs), by comparing the batch with the first one and with what the default loss takes, and the model's
+outputs on it with what the loss reads, so that the error names the batch, its item and what was expected instead
+of torch's message from deep inside the loss."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["BatchForm", "batch_form", "batch_fault"]
+from composer_fn.core.state import batch_target, held_logits
+from composer_fn.trainer.outputs import causal_shift, model_loss
+
+__all__ = ["BatchForm", "batch_form", "batch_fault", "output_fault"]
 
 
 @dataclass(frozen=True)
@@ -86,4 +90,51 @@ def batch_fault(
         check_classes()
     except ValueError as error:
         return str(error)
+    return None
+
+
+def _described(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return f"shape {list(value.shape)} ({value.dtype})"
+    if isinstance(value, Mapping):
+        return f"a {type(value).__name__} of keys {list(value)}"
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
+def output_fault(outputs: Any, batch: Any, target_key: int | str | None, default_loss: bool, causal: bool) -> str | None:
+    """Returns what is wrong with the model's ``outputs`` on ``batch`` for the loss (with ``default_loss``, the
+    trainer's: the model's own ``loss``, else cross-entropy of its logits against the targets at ``target_key``;
+    ``causal``: logits at ``t`` against the label at ``t + 1``), or None when nothing is found."""
+    expected = "expected a logits tensor, or a mapping or record holding 'logits' (or the model's own 'loss')"
+    if outputs is None:
+        return f"the model returned None on it: {expected}"
+    if not default_loss or model_loss(outputs) is not None or isinstance(outputs, tuple | list):
+        return None  # a tuple: the default loss says itself what it reads of one
+    logits = held_logits(outputs)
+    if logits is None:
+        return f"the model returned {_described(outputs)} on it, holding neither 'loss' nor 'logits': {expected}"
+    key = target_key if target_key is not None else ("labels" if isinstance(batch, Mapping) else 1)
+    try:
+        target = batch_target(batch, target_key)
+    except KeyError:
+        return None
+    if not isinstance(target, Tensor) or target.dim() == 0:
+        return None
+    paired, target = causal_shift(logits, target, causal)
+    if paired.dim() == 0 or paired.shape[0] != target.shape[0]:
+        return (
+            f"the model's logits on it have {_described(logits)}, for targets (item {key!r}) of {_described(target)}: "
+            f"expected one row of logits per sample ({target.shape[0]})"
+        )
+    if not target.is_floating_point() and paired.dim() != target.dim() + 1:
+        return (
+            f"the model's logits on it have {_described(logits)}, for class-index targets (item {key!r}) of "
+            f"{_described(target)}: expected logits with one more dimension than the targets (the classes: [B, C] "
+            "for targets [B])"
+        )
+    if target.is_floating_point() and paired.shape != target.shape:
+        return (
+            f"the model's logits on it have {_described(logits)}, for class-probability targets (item {key!r}) of "
+            f"{_described(target)}: expected the targets' shape"
+        )
     return None

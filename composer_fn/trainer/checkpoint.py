@@ -301,17 +301,21 @@ def remove_stale_temporaries(folder: str | os.PathLike[str] | ObjectFolder) -> l
     return list(stale)
 
 
-def _check_tensors(kind: str, loaded: dict[str, Tensor], expected: dict[str, Tensor]) -> None:
+def _check_tensors(kind: str, loaded: dict[str, Tensor], expected: dict[str, Tensor], named: str = "checkpoint") -> None:
+    # ``named``: the checkpoint as errors name it (``load_path='runs/latest.pt'``).
+    noun = "parameters" if kind == "params" else kind
     if loaded.keys() != expected.keys():
         missing = sorted(expected.keys() - loaded.keys())
         unexpected = sorted(loaded.keys() - expected.keys())
+        other = " (a checkpoint of another model)" if len(missing) + len(unexpected) > len(expected) // 2 else ""
         raise ValueError(
-            f"checkpoint {kind} do not match the model: missing {missing}, unexpected {unexpected}"
+            f"{named}: its {noun} do not match the model's{other}: {len(missing)} of the model's are not in it "
+            f"({_listed(missing)}), and {len(unexpected)} of its are not the model's ({_listed(unexpected)})"
         )
     for name, tensor in loaded.items():
         if tensor.shape != expected[name].shape:
             raise ValueError(
-                f"checkpoint {kind[:-1]} {name!r} has shape {tuple(tensor.shape)}; "
+                f"{named}: its {noun[:-1]} {name!r} has shape {tuple(tensor.shape)}; "
                 f"the model expects {tuple(expected[name].shape)}"
             )
 
@@ -484,8 +488,9 @@ def load_checkpoint(
             f"{argument}={str(path)!r} was trained with algorithms {payload['algorithms']}; "
             f"this trainer has {algorithms}"
         )
-    _check_tensors("params", payload["params"], dict(template.params))
-    _check_tensors("buffers", payload["buffers"], dict(template.buffers))
+    named = f"{argument}={str(path)!r}"
+    _check_tensors("params", payload["params"], dict(template.params), named)
+    _check_tensors("buffers", payload["buffers"], dict(template.buffers), named)
     if payload["algos_names"] != sorted(template.algos):
         raise ValueError(
             f"checkpoint holds state for algorithms {payload['algos_names']}; "
@@ -537,9 +542,9 @@ def load_weights(
         loaded = {name: tensor for name, tensor in payload[kind].items() if not _ignored(name, ignore_keys)}
         wanted = {name: tensor for name, tensor in expected.items() if not _ignored(name, ignore_keys)}
         if strict:
-            _check_tensors(kind, loaded, wanted)
+            _check_tensors(kind, loaded, wanted, f"{argument}={str(path)!r}")
         shared = {name: tensor for name, tensor in loaded.items() if name in wanted}
-        _check_tensors(kind, shared, {name: wanted[name] for name in shared})
+        _check_tensors(kind, shared, {name: wanted[name] for name in shared}, f"{argument}={str(path)!r}")
         # Loaded tensors take the run's dtype, device and memory layout (weights saved by a ChannelsLast run
         # start a contiguous one contiguous): its optimizer state was laid out like its own parameters.
         converted = {name: t.to(dtype=expected[name].dtype, device=expected[name].device) for name, t in shared.items()}

@@ -43,7 +43,7 @@ from composer_fn.optim.optimizers import sgdw
 from composer_fn.profiler import ProfileSession, marked
 from composer_fn.trainer import distributed
 from composer_fn.trainer.attributes import RunAttributes
-from composer_fn.trainer.batch_faults import BatchForm, batch_fault, batch_form
+from composer_fn.trainer.batch_faults import BatchForm, batch_fault, batch_form, output_fault
 from composer_fn.trainer.build import (
     build_run,
     changing_nothing,
@@ -83,12 +83,13 @@ from composer_fn.trainer.prediction import check_predict_loader, predictions
 from composer_fn.trainer.randomness import ModelDraws, cut_draws_warning, draws_nothing
 from composer_fn.trainer.reporting import Reporter, hparams_record, schedule_table
 from composer_fn.trainer.sharding import RunShards, gathered_module, is_sharded, shards_tree
-from composer_fn.trainer.step import (
-    StepFn,
-)
+from composer_fn.trainer.step import StepFn, make_eval_step
 from composer_fn.trainer.steps import StepBuilder, StepCache, StepSpec
 
 __all__ = ["Trainer"]
+
+# What a step raises on a batch it cannot take (an output without logits meets ``.dim()``: AttributeError).
+_STEP_FAULTS = (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError)
 
 class Trainer(RunAttributes):
     """Trains ``model`` with ``algorithms`` composed over a functional step.
@@ -475,7 +476,7 @@ class Trainer(RunAttributes):
             try:
                 self.state, outputs = step(self.state, self._batch)
                 completed = True
-            except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as error:
+            except _STEP_FAULTS as error:
                 raise self._explained(error, self._batch, timestamp) from error
             finally:
                 draws.leave(saved, completed)
@@ -499,7 +500,7 @@ class Trainer(RunAttributes):
                 saved = self._draws.enter(start.batch + done, self._cut.first_sample)
                 try:
                     self.state, outputs = step(self.state, batch)
-                except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as error:
+                except _STEP_FAULTS as error:
                     raise self._explained(error, batch, start.advance(0, 0, 0.0, done) if done else start) from error
                 finally:
                     self._draws.leave(saved)
@@ -588,6 +589,9 @@ class Trainer(RunAttributes):
 
         try:
             fault = batch_fault(batch, self._first_form, self.target_key, self.run.losses.default, check_classes)
+            if fault is None and not is_sharded(self.static.module):  # a sharded forward gathers from every process
+                outputs = make_eval_step(self.static, make_plan((), timestamp=timestamp), input_key=self.input_key)(self.state, batch)
+                fault = output_fault(outputs, batch, self.target_key, self.run.losses.default, self.run.losses.causal)
         except Exception:  # noqa: BLE001 -- the diagnosis must never hide the step's own error
             fault = None
         if fault is None:

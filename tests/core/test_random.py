@@ -563,3 +563,12 @@ def test_the_eager_cpu_words_equal_the_tensor_arithmetic_every_backend_runs(seed
     for k in (single, batch):
         assert torch.equal(rng._bits_numpy(k, tuple(shape)), rng._bits_tensor(k, tuple(shape)))
         assert torch.equal(rng.bits(k, tuple(shape)), rng._bits_tensor(k, tuple(shape)))
+
+
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
+@pytest.mark.parametrize("given", [0.5, 3, None, [1, 2], torch.zeros(2)], ids=["float", "int", "none", "list", "float-tensor"])
+def test_every_sampler_refuses_what_is_not_a_key_naming_it(sampler: str, given: object) -> None:
+    with pytest.raises(TypeError, match=r"^key=.* must be a key, an int64 tensor \[\.\.\., 2\] such as composer_fn.random.key\(seed\)"):
+        SAMPLERS[sampler](given, (3,))
+    with pytest.raises(TypeError, match=r"^key=.* must be a key"):
+        rng.split(given)  # type: ignore[arg-type]

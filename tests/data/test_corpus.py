@@ -133,6 +133,7 @@ def test_tables_lines_and_saved_splits_are_read(tmp_path: Path) -> None:
         (lambda root: root / "missing", {}, FileNotFoundError, ["missing", "nothing is downloaded"]),
         (lambda root: _write(root / "load.py", "x = 1"), {}, ValueError, ["load.py", "script", "save_to_disk"]),
         (lambda root: _jsonl(root), {"text_column": "text"}, ValueError, ["text_column='text'", "['body']"]),
+        (lambda root: _docs(root), {"text_column": "body"}, ValueError, ["text_column='body'", "text documents", ".jsonl"]),
         (lambda root: _mixed(root), {}, ValueError, ["mixes file kinds", ".csv", ".txt"]),
         (lambda root: _binary(root), {}, ValueError, ["bad.txt", "not UTF-8"]),
         (lambda root: _docs(root), {"sequence_length": 10**7}, ValueError, ["sequence_length=10000000", "do not fill one row"]),

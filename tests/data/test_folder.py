@@ -14,6 +14,7 @@ from composer_fn.data import (
     DatasetNotFoundError,
     FolderLoader,
     FolderTask,
+    UnreadableImage,
     load_dataset,
     load_image_folder_task,
 )
@@ -232,6 +233,21 @@ def test_a_corrupt_image_is_refused_naming_its_path(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot be decoded") as raised:
         load_image_folder_task(tmp_path, batch_size=4)
     assert str(corrupt) in str(raised.value)
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_an_image_corrupt_past_its_header_is_named_in_one_line_whether_a_worker_read_it(tmp_path: Path, num_workers: int) -> None:
+    # Corrupted after the folder was checked and its statistics read: found by the process that decodes it.
+    _write_folder(tmp_path)
+    task = load_image_folder_task(tmp_path, batch_size=4, num_workers=num_workers)
+    corrupt = tmp_path / "dog" / "img_002.png"
+    corrupt.write_bytes(corrupt.read_bytes()[:40])
+    with pytest.raises(UnreadableImage) as raised:
+        list(task.train)
+    message = str(raised.value)
+    assert message.startswith(f"{corrupt}: cannot be decoded as an image") and "\n" not in message, message
+    assert "Traceback" not in message and "worker" not in message
+    assert isinstance(raised.value, ValueError)
 
 
 def test_every_file_of_a_folder_is_checked_before_the_first_step_naming_each_bad_one(tmp_path: Path) -> None:

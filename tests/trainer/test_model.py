@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from composer_fn import Trainer, export_model, load_model, optim
 from composer_fn import random as R
@@ -182,6 +183,11 @@ def test_an_export_is_refused_before_writing_for_bad_arguments(tmp_path: Path) -
         export_model(model, HELDOUT_IMAGES[:4], tmp_path / "m", format="tflite")
     with pytest.raises(ValueError, match=r"example=\(1, 1, 16, 16\): expected a batch tensor of at least 2 samples"):
         export_model(model, HELDOUT_IMAGES[:1], tmp_path / "m.ts")
+    # Inputs the module cannot take: named with their shape, before anything is written.
+    with pytest.raises(ValueError, match=r"^example of shape \(4, 3, 16, 16\) \(torch.float32\): SmallCNN fails on it \("):
+        export_model(model, HELDOUT_IMAGES[:4].expand(-1, 3, -1, -1), tmp_path / "m.ts")
+    with pytest.raises(ValueError, match=r"^check_batches\[0\] of shape \(2, 1, 9, 9\)"):
+        export_model(nn.Sequential(nn.Flatten(), nn.Linear(256, 2)), HELDOUT_IMAGES[:4], tmp_path / "m.ts", check_batches=[torch.zeros(2, 1, 9, 9)])
     assert not any(tmp_path.iterdir())
 
 

@@ -111,6 +111,24 @@ def test_a_model_with_dropout_trains_as_a_torch_optim_loop_seeded_as_the_run_see
     assert max(other.values()) > 1e-2
 
 
+def test_a_run_lengthened_by_fit_duration_trains_as_one_torch_optim_loop_over_all_its_batches() -> None:
+    # 3 steps, then fit(duration='3ba') for 3 more: the loop's 6 steps on the same batches, dropout's draws included.
+    model = language_model("gpt2", dropout=0.1)
+    batches = token_batches(6)
+    trainer = Trainer(
+        copy.deepcopy(model), batches, max_duration="3ba", optimizer=ADAMW.ours(), progress_bar=False, seed=3
+    )
+    trainer.fit()
+    trainer.fit(duration="3ba")
+    assert trainer.timestamp.batch == 6
+    initial, ours = _tensors(model), dict(trainer.state.params)
+    errors = update_errors(initial, ours, _tensors(keyword_reference(model, batches, ADAMW, seed=3)))
+    assert max(errors.values()) < 1e-3, errors
+    # Against the loop stopped after the first fit, the three more steps are seen.
+    shorter = update_errors(initial, ours, _tensors(keyword_reference(model, batches[:3], ADAMW, seed=3)))
+    assert max(shorter.values()) > 1e-2
+
+
 def test_two_runs_of_one_seed_with_dropout_are_bitwise_equal_and_leave_torchs_generator_alone() -> None:
     model = language_model("gpt2", dropout=0.1)
     batches = token_batches(4)

@@ -660,6 +660,43 @@ def test_a_later_batch_that_breaks_the_step_is_named_with_its_item_and_what_was_
     assert raised.value.__cause__ is not None  # torch's own error, kept as the cause
 
 
+class _OutputsGoWrong(nn.Module):
+    """MLP(6, 2) whose outputs go wrong (as ``wrong`` says) on a batch whose first input is over 100."""
+
+    def __init__(self, wrong: str) -> None:
+        super().__init__()
+        self.mlp, self.wrong = MLP(6, 2), wrong
+
+    def forward(self, x: torch.Tensor) -> Any:
+        logits = self.mlp(x)
+        if float(x[0, 0]) <= 100:
+            return logits
+        return {"short": logits[:-1], "dict": {"scores": logits}, "none": None, "flat": logits.reshape(-1)}[self.wrong]
+
+
+@pytest.mark.parametrize(
+    ("wrong", "message"),
+    [
+        ("short", r"the model's logits on it have shape \[7, 2\] \(torch.float32\), for targets \(item 1\) of shape \[8\] .*: expected one row of logits per sample \(8\)"),
+        ("dict", r"the model returned a dict of keys \['scores'\] on it, holding neither 'loss' nor 'logits'"),
+        ("none", r"the model returned None on it: expected a logits tensor, or a mapping or record holding 'logits'"),
+        ("flat", r"the model's logits on it have shape \[16\] .*expected one row of logits per sample \(8\)"),
+    ],
+)
+@pytest.mark.parametrize("algorithms", [[], [EMA(half_life="1ba")]], ids=["run-of-steps", "step-by-step"])
+def test_model_outputs_that_go_wrong_on_a_later_batch_are_named_with_what_the_loss_takes(
+    wrong: str, message: str, algorithms: list[Any]
+) -> None:
+    marked = _good_batch(6)
+    marked[0][0, 0] = 1000.0
+    batches = [_good_batch(0), _good_batch(2), marked, _good_batch(4)]
+    with pytest.raises(ValueError, match=rf"^the train batch of step 3 \(epoch 0\): {message}") as raised:
+        _trainer(_OutputsGoWrong(wrong), loader=batches, max_duration="4ba", algorithms=algorithms).fit()
+    assert raised.value.__cause__ is not None
+    # The same batches with outputs that stay right train through.
+    _trainer(_OutputsGoWrong(wrong), loader=batches[:2] + batches[3:], max_duration="3ba", algorithms=algorithms).fit()
+
+
 @pytest.mark.parametrize(
     ("labels", "message"),
     [
