@@ -45,6 +45,10 @@ def test_every_run_finishes_in_its_own_folder_and_the_picture_decodes(swept) -> 
     sweep = pareto.load_sweep(swept[0])
     runs = sweep.runs()
     assert len(runs) == 8
+    # Seed by seed, then length, then recipe: each recipe's runs spread over the sweep's time alike.
+    assert [(run.seed, run.length, run.name) for run in runs] == sorted(
+        ((run.seed, run.length, run.name) for run in runs), key=lambda k: (k[0], int(k[1].removesuffix("ba")), k[2] != "plain")
+    )
     for run in runs:
         result = pareto.read_result(run)
         assert result is not None and result.attempts == 1

@@ -125,12 +125,14 @@ class Sweep:
     metric: Metric = METRICS["accuracy"]
 
     def runs(self) -> list[RunSpec]:
-        """Returns every run, recipe by recipe, then length, then seed."""
+        """Returns every run in the order they run: seed by seed, then length, then recipe, so that a machine whose
+        speed drifts over a sweep (a shared host) drifts over every recipe alike rather than over one recipe's
+        runs."""
         return [
             RunSpec(recipe, length, seed, self.folder / recipe.stem / _label(length, self.by_ratio) / f"seed{seed}", self.by_ratio)
-            for recipe in self.recipes
-            for length in self.lengths
             for seed in self.seeds
+            for length in self.lengths
+            for recipe in self.recipes
         ]
 
 
