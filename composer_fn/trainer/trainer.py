@@ -91,6 +91,7 @@ __all__ = ["Trainer"]
 # What a step raises on a batch it cannot take (an output without logits meets ``.dim()``: AttributeError).
 _STEP_FAULTS = (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError)
 
+
 class Trainer(RunAttributes):
     """Trains ``model`` with ``algorithms`` composed over a functional step.
 
