@@ -591,7 +591,9 @@ class Trainer(RunAttributes):
         try:
             fault = batch_fault(batch, self._first_form, self.target_key, self.run.losses.default, check_classes)
             if fault is None and not is_sharded(self.static.module):  # a sharded forward gathers from every process
-                outputs = make_eval_step(self.static, make_plan((), timestamp=timestamp), input_key=self.input_key)(self.state, batch)
+                # The model's own draws (its dropout) leave torch's generator as the failed step left it.
+                with torch.random.fork_rng(devices=[]):
+                    outputs = make_eval_step(self.static, make_plan((), timestamp=timestamp), input_key=self.input_key)(self.state, batch)
                 fault = output_fault(outputs, batch, self.target_key, self.run.losses.default, self.run.losses.causal)
         except Exception:  # noqa: BLE001 -- the diagnosis must never hide the step's own error
             fault = None
