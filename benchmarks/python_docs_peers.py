@@ -175,7 +175,7 @@ class Orders:
         return self.steps
 
 
-def composer_run(path, steps, lr, betas, weight_decay, warmup, batch_size, seed, algorithms):
+def composer_run(path, steps, lr, betas, weight_decay, warmup, batch_size, seed, algorithms, compile_config=None):
     import composer.algorithms as ca
     from composer import Trainer
     from composer.models import HuggingFaceModel
@@ -193,7 +193,7 @@ def composer_run(path, steps, lr, betas, weight_decay, warmup, batch_size, seed,
         schedulers=CosineAnnealingWithWarmupScheduler(t_warmup=f"{warmup}dur"), step_schedulers_every_batch=True,
         algorithms=[getattr(ca, name)(**options) for name, options in algorithms],
         device="cpu", device_train_microbatch_size=batch_size, seed=seed, progress_bar=False,
-        log_to_console=False, loggers=[],
+        log_to_console=False, loggers=[], compile_config=compile_config,
     )
     started = time.perf_counter()
     trainer.fit()
@@ -261,20 +261,22 @@ _GPT2_FIELDS = (
 
 
 def ours(recipe: Path, folder: Path, steps: int, seed: int, threads: int) -> dict[str, float]:
-    """Trains the recipe with ``composer-fn train`` in this process for ``steps`` steps; returns its training wall
-    time (its last training record, before the evaluation) and its held-out loss."""
+    """Trains the recipe with ``composer-fn train`` in this process for ``steps`` steps (scaled by the recipe's
+    ``scale_schedule_ratio``); returns its training wall time (its last training record, before the evaluation), its
+    held-out loss and the steps it trained."""
     from composer_fn.app.cli import main
 
     log = folder / f"ours-{time.monotonic_ns()}.jsonl"
-    argv = ["train", "--config", str(recipe), "--max-duration", f"{steps}ba", "--eval-interval", f"{steps}ba",
-            "--log-interval", f"{steps}ba", "--seed", str(seed), "--threads", str(threads), "--log-file", str(log),
+    trained_steps = int(float(_recipe(recipe).get("scale_schedule_ratio", 1.0)) * steps)  # as the Trainer scales it
+    argv = ["train", "--config", str(recipe), "--max-duration", f"{steps}ba", "--eval-interval", f"{trained_steps}ba",
+            "--log-interval", f"{trained_steps}ba", "--seed", str(seed), "--threads", str(threads), "--log-file", str(log),
             "--no-progress"]  # fmt: skip
     if main(argv) != 0:
         raise RuntimeError(f"composer-fn {' '.join(argv)} failed")
     records = [json.loads(line) for line in log.read_text().splitlines()]
     trained = [r for r in records if r.get("kind") == "train"][-1]
     last = [r for r in records if r.get("kind") == "eval"][-1]
-    return {"wall_time": float(trained["wall_time"]), "loss": float(last["eval/eval/loss"])}
+    return {"wall_time": float(trained["wall_time"]), "loss": float(last["eval/eval/loss"]), "steps": int(trained["step"])}
 
 
 def composer_algorithms(recipe: dict[str, Any]) -> list[list[Any]]:
@@ -284,8 +286,8 @@ def composer_algorithms(recipe: dict[str, Any]) -> list[list[Any]]:
         if name not in COMPOSER_NAMES:
             raise SystemExit(f"--recipe: {name} has no Composer counterpart here; expected among {sorted(COMPOSER_NAMES)}")
         found.append([COMPOSER_NAMES[name], dict(options)])
-    if recipe.get("precision", "fp32") != "fp32" or recipe.get("compile"):
-        raise SystemExit("--recipe: precision and compile have no CPU counterpart on Composer's Trainer here")
+    if recipe.get("precision", "fp32") != "fp32":
+        raise SystemExit("--recipe: a precision other than fp32 has no CPU counterpart on Composer's Trainer here")
     return found
 
 
@@ -371,17 +373,31 @@ def main(argv: list[str] | None = None) -> int:
             algorithms = composer_algorithms(recipe)
             runs: dict[str, list[dict[str, float]]] = {"composer_fn Trainer": [], "Composer Trainer": []}
             recipe_optimizer = recipe["optimizer"]
+            # torch.compile on Composer's Trainer: its compile_config, inductor's defaults as ours.
+            compile_config = {} if recipe.get("compile") else None
             for seed in args.seeds:
                 runs["composer_fn Trainer"].append(ours(args.recipe, folder, args.steps, seed, args.threads))
                 print(f"ours seed {seed}: {runs['composer_fn Trainer'][-1]}", flush=True)
                 if peer is not None:
-                    seeded = prepare(folder, recipe, seed, args.steps) if seed else data_path
-                    runs["Composer Trainer"].append(peer.call(
-                        "composer_run", path=str(seeded), seed=seed, algorithms=algorithms,
-                        **{**common, "lr": recipe_optimizer["learning_rate"]},
-                    ))  # fmt: skip
+                    # A recipe with a scale_schedule_ratio trains that share of --steps: Composer's run trains the
+                    # steps ours did, its schedule over them.
+                    steps = runs["composer_fn Trainer"][-1]["steps"]
+                    seeded = prepare(folder, recipe, seed, steps)
+                    try:
+                        runs["Composer Trainer"].append(peer.call(
+                            "composer_run", path=str(seeded), seed=seed, algorithms=algorithms,
+                            compile_config=compile_config,
+                            **{**common, "steps": steps, "lr": recipe_optimizer["learning_rate"]},
+                        ))  # fmt: skip
+                    except PeerError as error:  # a method Composer's Trainer does not apply to this model
+                        refused = str(error).splitlines()[-1]
+                        print(f"Composer seed {seed}: refused: {refused}", flush=True)
+                        results.setdefault("refused", {})[seed] = refused
+                        continue
                     print(f"Composer seed {seed}: {runs['Composer Trainer'][-1]}", flush=True)
-            print(f"\n{args.recipe.name}, {args.steps} steps, seeds {args.seeds}: Composer's algorithms {algorithms}")
+            steps = runs["composer_fn Trainer"][-1]["steps"]
+            print(f"\n{args.recipe.name}, {steps} steps, seeds {args.seeds}: Composer's algorithms {algorithms}, "
+                  f"compile_config {compile_config}")
             rows = []
             for name, found in runs.items():
                 if found:
@@ -389,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
                     spread = statistics.stdev(perplexities) if len(perplexities) > 1 else 0.0
                     rows.append([name, f"{statistics.fmean(perplexities):.2f} ± {spread:.2f}",
                                  f"{statistics.fmean(r['wall_time'] for r in found):.1f}"])  # fmt: skip
+            for refused in sorted(set(results.get("refused", {}).values())):
+                rows.append(["Composer Trainer", f"refused: {refused}", "-"])
             print(format_table(["trainer", "held-out perplexity (mean ± std)", "training wall time (s, mean)"], rows))
             results["recipe"] = {"file": str(args.recipe), "steps": args.steps, "runs": runs}
     if peer is not None:

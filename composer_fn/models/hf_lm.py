@@ -86,9 +86,10 @@ def build_causal_lm(
             f"it has e.g. {', '.join(sorted(k for k in blank.to_dict() if not k.startswith('_'))[:12])}"
         )
     fields: dict[str, object] = {**SMALL.get(name, {}), **given, "vocab_size": vocab_size}
-    for positions in _POSITIONS:
-        if hasattr(blank, positions) and positions not in given:
-            fields[positions] = sequence_length
+    # The row length sizes the position table unless the options do; GPT-2's configuration has both names, one an
+    # alias of the other, so a table given under either name is kept.
+    if not any(positions in given for positions in _POSITIONS):
+        fields.update({positions: sequence_length for positions in _POSITIONS if hasattr(blank, positions)})
     if end_of_text is not None:
         fields.update(bos_token_id=end_of_text, eos_token_id=end_of_text)
     try:

@@ -33,3 +33,14 @@ def test_options_set_the_configuration_and_positions_follow_the_row_length() -> 
         build_causal_lm("gpt2", 256, 48, options={"layers": 1})
     with pytest.raises(ValueError, match="'bert' is not a causal language model type|'resnet' is not"):
         build_causal_lm("resnet", 256, 48)
+
+
+@pytest.mark.parametrize(("name", "field"), [("gpt2", "n_positions"), ("gpt2", "max_position_embeddings"), ("llama", "max_position_embeddings")])
+def test_a_position_table_given_in_the_options_is_kept_under_either_of_its_names(name: str, field: str) -> None:
+    # GPT-2's configuration names its table n_positions and, as an alias, max_position_embeddings: the row length
+    # must not replace a table the options size under one of them.
+    model = build_causal_lm(name, 256, 48, options={field: 96})
+    assert model.config.max_position_embeddings == 96
+    if name == "gpt2":
+        assert model.transformer.wpe.weight.shape == (96, model.config.n_embd)
+    assert model(input_ids=torch.zeros(1, 96, dtype=torch.int64)).logits.shape == (1, 96, 256)
