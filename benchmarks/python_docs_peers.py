@@ -13,8 +13,9 @@ Two measurements:
 - ``--timing``: the baseline for ``--steps`` steps per contender, ``--rounds`` rounds in rotating order; the
   training wall time per step (evaluation excluded), and the held-out perplexity.
 - ``--recipe FILE``: the recipe's methods on our Trainer and, translated one for one, on Composer's Trainer
-  (``--seeds`` each, ``--steps`` steps); held-out perplexity and training wall time. The hand loop runs the
-  baseline only.
+  (``--seeds`` each, ``--steps`` steps, scaled by the recipe's ``scale_schedule_ratio``; a compiled step as
+  Composer's ``compile_config={}``); held-out perplexity and training wall time. A method Composer's Trainer
+  refuses for the model is reported as refused. The hand loop runs the baseline only.
 
 Composer runs in its own interpreter (``../shared/tools/peer-env.sh`` builds it; this script adds the
 ``transformers`` release Composer 0.32.1 supports to it, once, when it is missing); without it the Composer column
