@@ -14,6 +14,9 @@ from composer_fn.app.recipes import recipe_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.toml"))
+# Each python-docs method alone (benchmarks/python-docs/methods.toml's runs): recipes on the baseline's data too.
+TEXT_METHODS = sorted((ROOT / "benchmarks" / "python-docs" / "methods").glob("*.toml"))
+BENCHMARK_FILES = sorted((ROOT / "benchmarks").rglob("*.toml"))
 
 
 def test_each_embedded_task_has_a_baseline_and_a_mild_recipe() -> None:
@@ -64,10 +67,13 @@ def _python_docs_slice(root: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda path: path.stem)
+# A recipe sized for its whole run is run here for 5 batches, which EMA's half-life of 35 batches is told unfit for.
+@pytest.mark.filterwarnings("ignore::composer_fn.core.algorithm.UnfitForTheRun")
+@pytest.mark.parametrize("recipe", RECIPES + TEXT_METHODS, ids=lambda path: str(path.relative_to(ROOT).with_suffix("")))
 def test_every_recipe_trains_a_few_batches(recipe: Path, capsys, tmp_path: Path, monkeypatch) -> None:
-    on_disk = ["--data-dir", str(_small_fashion_mnist(tmp_path))] if recipe.stem.startswith("fashion-mnist") else []
-    text = recipe.stem.startswith("python-docs")
+    data = recipe_fields(recipe).get("data")
+    on_disk = ["--data-dir", str(_small_fashion_mnist(tmp_path))] if data == "fashion-mnist" else []
+    text = data == "python-docs"
     if text:
         monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
         on_disk = ["--data", f"hf:{_python_docs_slice(tmp_path)}"]
@@ -80,6 +86,23 @@ def test_every_recipe_trains_a_few_batches(recipe: Path, capsys, tmp_path: Path,
     out = capsys.readouterr().out
     steps = int(5 * float(recipe_fields(recipe).get("scale_schedule_ratio", 1.0)))  # a recipe's ratio scales the flag's
     assert f"{steps} steps" in out and ("perplexity" if text else "held-out accuracy") in out
+
+
+@pytest.mark.parametrize("path", BENCHMARK_FILES, ids=lambda path: str(path.relative_to(ROOT / "benchmarks")))
+def test_every_benchmark_sweep_and_recipe_reads(path: Path) -> None:
+    # A sweep file (it names recipes) is read as `composer-fn pareto` reads it, every recipe it names built; any
+    # other file is a recipe, built as `composer-fn train --config` builds it.
+    import tomllib
+
+    from composer_fn.app.pareto import load_sweep
+    from composer_fn.app.recipes import load_recipe
+
+    if "recipes" in tomllib.loads(path.read_text(encoding="utf-8")):
+        assert load_sweep(path).runs()
+    else:
+        recipe = load_recipe(path, _converters(_parser()[1]["train"]))
+        recipe.build_algorithms()
+        recipe.build_schedule({"name": "constant"})
 
 
 def _write(folder: Path, text: str) -> Path:
